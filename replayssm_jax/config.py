@@ -201,6 +201,8 @@ class SpecConfig:
       raise ValueError(f"SpecConfig.topk={self.topk!r} must be an integer >= 1.")
     if not isinstance(L, int) or not _is_power_of_two(L):
       fix = _next_power_of_two(L) if isinstance(L, int) and L > 0 else max(2, _next_power_of_two(2 * T))
+      if self.verify_mode == "replayssm":
+        fix = max(fix, _next_power_of_two(2 * T))  # the fix must also pass the L >= 2T check
       raise ValueError(f"SpecConfig.ring_len={L!r} must be a power of two; try ring_len={fix}.")
     # Dtypes are normalised so that configs compare and hash by value.
     object.__setattr__(self, "ssm_dtype", jnp.dtype(self.ssm_dtype))
