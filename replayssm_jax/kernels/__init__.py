@@ -1,0 +1,1 @@
+"""GDN kernels: one file per kernel, each with its pure-jnp ``*_reference`` (the ``xla`` backend)."""

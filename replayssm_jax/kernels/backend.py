@@ -1,0 +1,71 @@
+"""The one backend switch of the kernels, and their shared tuning.
+
+`SpecConfig.backend` picks the implementation of every kernel:
+
+- ``"xla"``: the ``*_reference`` function beside each kernel (pure jnp, any platform);
+- ``"pallas"``: the Pallas kernel, lowered through Triton on a GPU (with explicit
+  `pltriton.CompilerParams`) and run with ``interpret=True`` on the CPU;
+- ``"triton"``: jax-triton kernels (GPU only; not implemented yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+from jax.experimental.pallas import triton as pltriton
+
+from replayssm_jax.config import GDNConfig
+
+
+def interpret_mode() -> bool:
+  """Pallas kernels run interpreted unless JAX's default backend is a GPU."""
+  return jax.default_backend() != "gpu"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class KernelTuning:
+  """Launch parameters of the state-tile kernels.
+
+  The recurrent kernels and the exact fold read ``block_v`` and ``num_warps``
+  from the same instance on purpose: the fold is bitwise equal to the recurrent
+  path only when both reduce over K with the same warp layout (DESIGN section 4).
+
+  Attributes:
+    block_v: BV, rows of the ``[BV, K]`` fp32 state tile one program owns.
+    num_warps: warps per program (Triton).
+    num_stages: software-pipelining stages (Triton).
+  """
+
+  block_v: int = 32
+  num_warps: int = 4
+  num_stages: int = 2
+
+  @classmethod
+  def default_for(cls, gdn: GDNConfig) -> KernelTuning:
+    # A [32, 128] fp32 tile is 16 KiB: 32 registers a thread at 4 warps.
+    return cls(block_v=min(32, gdn.head_v_dim))
+
+  def check(self, V: int) -> None:
+    """Raise `ValueError` unless ``block_v`` tiles ``V`` in power-of-two blocks."""
+    if self.block_v < 1 or self.block_v & (self.block_v - 1) or V % self.block_v:
+      raise ValueError(f"KernelTuning.block_v={self.block_v} must be a power of two dividing "
+                       f"head_v_dim={V}; try block_v={min(32, V)}.")
+
+  def compiler_params(self) -> pltriton.CompilerParams:
+    return pltriton.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+def dot_algorithm(precision: str, *, interpret: bool):
+  """`precision=` for the in-kernel dots of the replay paths.
+
+  ``"default"`` leaves the choice to the compiler (tf32 tensor cores for fp32 on
+  GPU). On the CPU every setting computes in exact fp32, so none is passed.
+  """
+  if interpret or precision == "default":
+    return None
+  return {
+      "tf32": jax.lax.DotAlgorithmPreset.TF32_TF32_F32,
+      "bf16": jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+      "ieee": jax.lax.DotAlgorithmPreset.F32_F32_F32,
+  }[precision]

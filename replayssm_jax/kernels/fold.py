@@ -1,0 +1,147 @@
+"""Exact fold: replay committed raw records into the fp32 checkpoint (DESIGN sections 3-4).
+
+For each row with ``count[b] > 0`` the program owning the checkpoint tile
+``S = ssm[slot, h, j*BV:(j+1)*BV, :]`` replays records ``i = 0 .. count-1``, read
+at ring index ``(cache_base + i) & (L - 1)``, through the recurrent update:
+
+    k_hat = l2_normalize(rawk_i);  S <- exp(g_i) S + beta_i (v_i - exp(g_i) S k_hat) k_hat^T
+
+It is the loop of `recurrent.py` with the inputs read from the ring instead of
+the window, on the same ``[BV, K]`` tile and `KernelTuning`, so the folded
+checkpoint is bitwise the state the recurrent path commits (g and beta are the
+bits that `recurrent.token_inputs` produced when the records were written).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from replayssm_jax import reference
+from replayssm_jax.kernels.backend import KernelTuning
+from replayssm_jax.kernels.recurrent import scatter_rows
+
+
+def _fold_kernel(
+    # inputs
+    slot_ids_ref,  # [B] int32
+    count_ref,  # [B] int32: records to fold (0: leave the row alone)
+    cache_base_ref,  # [B] int32
+    ring_rawk_ref,  # [slots, H, L, K] activation dtype
+    ring_rawv_ref,  # [slots, HV, L, V] activation dtype
+    ring_g_ref,  # [slots, HV, L] f32
+    ring_beta_ref,  # [slots, HV, L] f32
+    ssm_in_ref,  # [slots, HV, V, K] f32, aliased with ssm_ref
+    # outputs
+    ssm_ref,  # [slots, HV, V, K] f32
+    *,
+    ring_len: int,
+    gqa_ratio: int,
+    block_v: int,
+):
+  del ssm_in_ref  # the same buffer as ssm_ref
+  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  slot, count, base = slot_ids_ref[row], count_ref[row], cache_base_ref[row]
+  kh = h // gqa_ratio
+  vs = pl.ds(j * block_v, block_v)
+
+  @pl.when((slot >= 0) & (count > 0))
+  def _fold():
+    def step(i, S):
+      p = (base + i) & (ring_len - 1)
+      k_hat = reference.l2_normalize(ring_rawk_ref[slot, kh, p, :].astype(jnp.float32))
+      v = ring_rawv_ref[slot, h, p, vs].astype(jnp.float32)
+      S, _ = reference.delta_rule_step(S, k_hat, v, ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])
+      return S
+
+    ssm_ref[slot, h, vs, :] = jax.lax.fori_loop(0, count, step, ssm_ref[slot, h, vs, :])
+
+
+def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base):
+  slots, HV, V, K = ssm.shape
+  H, L = ring_rawk.shape[1], ring_rawk.shape[2]
+  B = slot_ids.shape[0]
+  expected = {"ring_rawk": (slots, H, L, K), "ring_rawv": (slots, HV, L, V),
+              "ring_g": (slots, HV, L), "ring_beta": (slots, HV, L),
+              "count": (B,), "cache_base": (B,)}
+  given = {"ring_rawk": ring_rawk, "ring_rawv": ring_rawv, "ring_g": ring_g,
+           "ring_beta": ring_beta, "count": count, "cache_base": cache_base}
+  for name, want in expected.items():
+    if given[name].shape != want:
+      raise ValueError(f"{name} has shape {given[name].shape}; expected {want} (ssm is {ssm.shape}).")
+  if ssm.dtype != jnp.float32:
+    raise ValueError(f"the exact fold needs an fp32 checkpoint; ssm is {ssm.dtype}.")
+
+
+@functools.partial(jax.jit, static_argnames=("tuning", "interpret"))
+def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
+         tuning: KernelTuning, interpret: bool):
+  """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
+
+  Args:
+    ssm: ``f32[slots, HV, V, K]`` checkpoints (aliased: updated in place).
+    ring_rawk, ring_rawv, ring_g, ring_beta: the slot rings (see `state.ReplayCache`).
+    slot_ids: ``int32[B]``; -1 marks a padding row.
+    count: ``int32[B]``, records to fold per row (``write_pos`` of flush rows, else 0).
+    cache_base: ``int32[B]``, ring index of each row's logical record 0.
+
+  Returns:
+    The updated ``ssm``.
+  """
+  _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base)
+  B, (_, HV, V, _), H, L = slot_ids.shape[0], ssm.shape, ring_rawk.shape[1], ring_rawk.shape[2]
+  tuning.check(V)
+  kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, block_v=tuning.block_v)
+  inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
+                ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct(ssm.shape, ssm.dtype),
+      grid=(B, HV, V // tuning.block_v),
+      input_output_aliases={list(inputs).index("ssm"): 0},
+      interpret=interpret,
+      compiler_params=tuning.compiler_params(),
+      name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}",
+  )(*inputs.values())
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def replay_rows(S, rawk, rawv, g, beta, count, cache_base):
+  """Replay ``count[b]`` records of each row through the exact update (pure jnp).
+
+  Args:
+    S: ``f32[B, HV, V, K]`` starting states.
+    rawk: ``[B, H, L, K]``; rawv: ``[B, HV, L, V]``; g, beta: ``f32[B, HV, L]`` (the rows' rings).
+    count, cache_base: ``int32[B]``.
+
+  Returns:
+    ``f32[B, HV, V, K]``: the states after each row's records.
+  """
+  HV, L = S.shape[1], g.shape[-1]
+  r = HV // rawk.shape[1]
+  rows = jnp.arange(S.shape[0])
+
+  def step(i, S):
+    p = (cache_base + i) & (L - 1)
+    k_hat = reference.l2_normalize(jnp.repeat(rawk[rows, :, p], r, axis=1).astype(jnp.float32))
+    S_new, _ = reference.delta_rule_step(
+        S, k_hat, rawv[rows, :, p].astype(jnp.float32), g[rows, :, p], beta[rows, :, p])
+    return jnp.where((i < count)[:, None, None, None], S_new, S)
+
+  return jax.lax.fori_loop(0, jnp.max(count, initial=0), step, S)
+
+
+def fold_reference(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, **_):
+  """Pure-jnp `fold` (the ``xla`` backend)."""
+  _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base)
+  s = jnp.maximum(slot_ids, 0)
+  count = jnp.where(slot_ids < 0, 0, count)
+  rows = replay_rows(ssm[s], ring_rawk[s], ring_rawv[s], ring_g[s], ring_beta[s], count, cache_base)
+  # Rows that fold nothing are not written back (a row with count 0 may share its
+  # slot with nothing, but padding rows read slot 0 and must not write it).
+  return scatter_rows(ssm, jnp.where(count > 0, slot_ids, -1), rows)

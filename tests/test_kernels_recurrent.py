@@ -1,0 +1,146 @@
+"""Recurrent decode/verify kernels and the exact fold: against the references and the fp64 oracle."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import oracle
+from conftest import TOLERANCE, rel_err
+from replayssm_jax.kernels import fold, recurrent
+from replayssm_jax.kernels.backend import KernelTuning
+
+# (B, T, H, HV, K, V, block_v): GQA 1/2/4, T 1..8, K and V 16/32/128.
+CASES = [
+    (3, 4, 2, 4, 16, 32, 16),
+    (2, 1, 2, 2, 32, 16, 16),
+    (2, 2, 1, 4, 16, 16, 8),
+    (2, 8, 2, 4, 32, 32, 32),
+    (2, 4, 1, 2, 128, 128, 32),
+]
+DTYPES = [jnp.float32, jnp.bfloat16]
+
+
+def case_id(case):
+  B, T, H, HV, K, V, bv = case
+  return f"B{B}-T{T}-H{H}-HV{HV}-K{K}-V{V}-bv{bv}"
+
+
+def make_inputs(rng, B, T, H, HV, K, V, dtype, slots=6):
+  f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+  return dict(
+      q=f(B, T, H, K).astype(dtype), k=f(B, T, H, K).astype(dtype), v=f(B, T, HV, V).astype(dtype),
+      a=f(B, T, HV).astype(dtype), b=f(B, T, HV).astype(dtype),
+      A_log=jnp.log(jnp.asarray(rng.uniform(0.01, 0.5, HV), jnp.float32)),
+      dt_bias=0.3 * f(HV),
+      ssm=0.3 * f(slots, HV, V, K),
+  )
+
+
+def slot_ids_for(rng, B, slots=6):
+  """Distinct slots with the last row as padding."""
+  ids = rng.permutation(slots)[:B].astype(np.int32)
+  ids[-1] = -1
+  return jnp.asarray(ids)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_recurrent_verify(case, dtype, interpret):
+  B, T, H, HV, K, V, bv = case
+  rng = np.random.default_rng(abs(hash((case, jnp.dtype(dtype).name))) % 2**32)
+  x = make_inputs(rng, B, T, H, HV, K, V, dtype)
+  slots = slot_ids_for(rng, B)
+  poison = jnp.full((6, T, HV, V, K), jnp.nan, jnp.float32)
+  args = (x["ssm"], poison, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], slots)
+  o, inter = recurrent.recurrent_verify(*args, tuning=KernelTuning(block_v=bv), interpret=interpret)
+  o_ref, inter_ref = recurrent.recurrent_verify_reference(*args)
+  assert o.dtype == dtype and inter.dtype == jnp.float32
+
+  valid = np.asarray(slots) >= 0
+  s = np.asarray(slots)[valid]
+  o64, states64, _ = oracle.run_tokens(np.asarray(x["ssm"])[s], *(np.asarray(x[n], np.float32)[valid] for n in "qkvab"),
+                                       x["A_log"], x["dt_bias"])
+  tol = TOLERANCE[(jnp.dtype(dtype).name, "ieee")]
+  assert rel_err(o[valid], o64) < tol
+  assert rel_err(inter[s], states64) < 1e-5  # states stay fp32 whatever the activations
+  assert rel_err(inter[s], inter_ref[s]) < 1e-6
+  assert rel_err(o, o_ref) < tol
+  # Padding rows: zero output; slots no row names keep their poison.
+  np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0)
+  untouched = np.setdiff1d(np.arange(6), s)
+  assert np.isnan(np.asarray(inter)[untouched]).all()
+  assert not np.isnan(np.asarray(inter)[s]).any()
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=case_id)
+def test_recurrent_decode_in_place(case, interpret):
+  B, _, H, HV, K, V, bv = case
+  rng = np.random.default_rng(7)
+  x = make_inputs(rng, B, 1, H, HV, K, V, jnp.float32)
+  slots = slot_ids_for(rng, B)
+  before = np.asarray(x["ssm"])
+  args = (x["ssm"], x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], slots)
+  o, ssm = recurrent.recurrent_decode(*args, tuning=KernelTuning(block_v=bv), interpret=interpret)
+  valid = np.asarray(slots) >= 0
+  s = np.asarray(slots)[valid]
+  o64, states64, _ = oracle.run_tokens(before[s], *(np.asarray(x[n])[valid] for n in "qkvab"),
+                                       x["A_log"], x["dt_bias"])
+  assert rel_err(ssm[s], states64[:, 0]) < 1e-5
+  assert rel_err(o[valid], o64) < 1e-5
+  untouched = np.setdiff1d(np.arange(6), s)
+  np.testing.assert_array_equal(np.asarray(ssm)[untouched], before[untouched])
+  np.testing.assert_array_equal(np.asarray(o)[~valid], 0)
+
+
+def ring_from_tokens(x, slots, L, cache_base, rng):
+  """Rings whose logical records 0..T-1 (at cache_base + i) hold the window tokens."""
+  B, T, H, K = x["q"].shape
+  HV, V = x["v"].shape[2:]
+  from replayssm_jax import reference
+  g, beta = reference.gdn_gating(x["a"], x["b"], x["A_log"], x["dt_bias"])
+  rawk = jnp.asarray(rng.standard_normal((6, H, L, K)), x["k"].dtype)
+  rawv = jnp.asarray(rng.standard_normal((6, HV, L, V)), x["v"].dtype)
+  ring_g = jnp.asarray(rng.standard_normal((6, HV, L)), jnp.float32)
+  ring_beta = jnp.asarray(rng.standard_normal((6, HV, L)), jnp.float32)
+  for row, slot in enumerate(np.asarray(slots)):
+    if slot < 0:
+      continue
+    p = (cache_base[row] + np.arange(T)) % L
+    rawk = rawk.at[slot, :, p].set(x["k"][row])
+    rawv = rawv.at[slot, :, p].set(x["v"][row])
+    ring_g = ring_g.at[slot, :, p].set(g[row])
+    ring_beta = ring_beta.at[slot, :, p].set(beta[row])
+  return rawk, rawv, ring_g, ring_beta
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_fold_bitwise_equals_recurrent_verify(case, dtype, interpret):
+  """Folding n records equals the recurrent state after n tokens, bit for bit (DESIGN section 4)."""
+  B, T, H, HV, K, V, bv = case
+  L = 16
+  rng = np.random.default_rng(11)
+  x = make_inputs(rng, B, T, H, HV, K, V, dtype)
+  slots = slot_ids_for(rng, B)
+  tuning = KernelTuning(block_v=bv)
+  inter = jnp.zeros((6, T, HV, V, K), jnp.float32)
+  args = (x["ssm"], inter, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], slots)
+  _, inter = recurrent.recurrent_verify(*args, tuning=tuning, interpret=interpret)
+  _, inter_x = recurrent.recurrent_verify_reference(*args)
+
+  base = rng.integers(0, L, B).astype(np.int32)
+  rings = ring_from_tokens(x, slots, L, base, rng)
+  count = jnp.asarray(rng.integers(1, T + 1, B), jnp.int32)
+  folded = fold.fold(x["ssm"], *rings, slots, count, jnp.asarray(base), tuning=tuning, interpret=interpret)
+  folded_x = fold.fold_reference(x["ssm"], *rings, slots, count, jnp.asarray(base))
+  for row, slot in enumerate(np.asarray(slots)):
+    if slot < 0:
+      continue
+    n = int(count[row])
+    np.testing.assert_array_equal(np.asarray(folded[slot]), np.asarray(inter[slot, n - 1]))
+    np.testing.assert_array_equal(np.asarray(folded_x[slot]), np.asarray(inter_x[slot, n - 1]))
+  untouched = np.setdiff1d(np.arange(6), np.asarray(slots)[np.asarray(slots) >= 0])
+  np.testing.assert_array_equal(np.asarray(folded)[untouched], np.asarray(x["ssm"])[untouched])
