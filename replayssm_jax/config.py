@@ -150,7 +150,7 @@ def jax_triton_available() -> bool:
 def gpu_available() -> bool:
   """True when JAX sees a CUDA GPU."""
   try:
-    return any(d.platform == "gpu" for d in jax.devices())
+    return any(d.platform in ("gpu", "cuda", "rocm") for d in jax.devices())
   except RuntimeError:
     return False
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", derandomize=True, deadline=None, max_examples=10, print_blob=True)
+# Schedules are long on purpose (hundreds of steps), hence the suppressed size checks.
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, max_examples=10, print_blob=True,
+    suppress_health_check=[HealthCheck.large_base_example, HealthCheck.data_too_large,
+                           HealthCheck.too_slow])
 settings.load_profile("ci")
 
-HAS_GPU = jax.default_backend() == "gpu"
+HAS_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
 
 # Relative error bounds (||x - ref|| / ||ref||), one table for every test, keyed by
 # (activation dtype, dot precision). fp32 with exact dots sits at fp32 rounding; bf16

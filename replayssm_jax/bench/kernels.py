@@ -1,0 +1,269 @@
+"""Kernel and step benchmarks against the copy-bandwidth roofline (GPU).
+
+One process measures the device-to-device copy bandwidth, then the median device
+time of every path at the anchor geometry (HV=32, H=16, K=V=128, T=4, L=16, fp32
+checkpoint, bf16 activations and rings; `shared/research/anchor-bench.md`), the
+minimal bytes each path must move, the effective TB/s and the percentage of the
+copy bandwidth. Results go to a JSON file (date, GPU, jax version) and a table.
+
+    python -m replayssm_jax.bench.kernels --out benchmarks/results.json
+
+Paths (per layer; ``wp`` = write_pos of the rows):
+  rec_decode, rec_verify, rec_commit          the recurrent baseline (kernels / XLA commit)
+  rssm_verify(wp=8), exact_fold(wp=12)        the ReplaySSM kernels alone
+  rssm_step_nf(wp=8), rssm_step_f(wp=12)      whole `ssm.verify` steps, all rows in one phase
+  rssm_step_mixed                             a third folding at wp 12, the rest verifying at 4 and 8
+  rssm_decode_cycle(L), rec_decode            ReplaySSM decode amortised over a whole ring cycle
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import platform
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replayssm_jax import GDNConfig, SpecConfig, ssm
+from replayssm_jax.bench.timing import Timing, time_calls
+from replayssm_jax.kernels import fold as fold_kernels
+from replayssm_jax.kernels import recurrent as recurrent_kernels
+from replayssm_jax.kernels import replay_verify as replay_kernels
+from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
+from replayssm_jax.state import ReplayCache
+
+GEOMETRY = GDNConfig(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
+                     hidden_size=2048, num_layers=1, num_gdn_layers=1)
+# For a CPU smoke run of every code path (`--tiny`); its numbers mean nothing.
+TINY = GDNConfig(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, hidden_size=32,
+                 num_layers=1, num_gdn_layers=1)
+ACT = jnp.bfloat16
+
+
+@dataclasses.dataclass(frozen=True)
+class Bytes:
+  """Minimal HBM bytes per request (anchor-bench.md "Byte models"), for bf16 activations/rings."""
+
+  gdn: GDNConfig
+  T: int
+
+  @property
+  def S(self):  # one fp32 state
+    g = self.gdn
+    return g.num_v_heads * g.head_v_dim * g.head_k_dim * 4
+
+  def tok_in(self):  # q, k, v, a, b
+    g = self.gdn
+    return (2 * g.num_k_heads * g.head_k_dim + g.num_v_heads * g.head_v_dim + 2 * g.num_v_heads) * 2
+
+  def tok_out(self):
+    return self.gdn.num_v_heads * self.gdn.head_v_dim * 2
+
+  def io(self, T=None):
+    return (T or self.T) * (self.tok_in() + self.tok_out())
+
+  def hist_rec(self):  # d + k_hat (bf16) + g (f32), read per history record
+    g = self.gdn
+    return g.num_v_heads * g.head_v_dim * 2 + g.num_k_heads * g.head_k_dim * 2 + g.num_v_heads * 4
+
+  def win_rec(self):  # d, raw v, k_hat, raw k, g, beta written per window token
+    g = self.gdn
+    return 2 * g.num_v_heads * g.head_v_dim * 2 + 2 * g.num_k_heads * g.head_k_dim * 2 + 2 * g.num_v_heads * 4
+
+  def raw_rec(self):  # raw k, raw v, g, beta read per folded record
+    g = self.gdn
+    return g.num_k_heads * g.head_k_dim * 2 + g.num_v_heads * g.head_v_dim * 2 + 2 * g.num_v_heads * 4
+
+  def rec_verify(self):
+    return self.S + self.T * self.S + self.io()
+
+  def rec_decode(self):
+    return 2 * self.S + self.io(1)
+
+  def rssm_verify(self, wp, T=None):
+    T = T or self.T
+    return self.S + self.io(T) + wp * self.hist_rec() + T * self.win_rec()
+
+  def fold(self, wp):
+    return 2 * self.S + wp * self.raw_rec()
+
+  def rssm_step(self, wp, flush, T=None):
+    # The fused minimum: a flush row reads its checkpoint once and writes it once.
+    return (self.fold(wp) + self.rssm_verify(0, T) - self.S) if flush else self.rssm_verify(wp, T)
+
+
+def copy_bandwidth(gib: float = 4.0) -> tuple[float, Timing]:
+  """Bytes read + written per second of an elementwise pass over a ``gib`` GiB fp32 array."""
+  n = int(gib * 2**30) // 4
+  x = jnp.arange(n, dtype=jnp.float32)
+  step = jax.jit(lambda x: x + 1.0, donate_argnums=0)
+  timing, _ = time_calls(step, x, reps=20)
+  return 2 * n * 4 / (timing.median_us * 1e-6), timing
+
+
+def _inputs(rng, B, T, gdn=GEOMETRY):
+  f = lambda *s: jnp.asarray(rng.standard_normal(s, np.float32)).astype(ACT)
+  H, HV, K, V = gdn.num_k_heads, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
+  return dict(q=f(B, T, H, K), k=f(B, T, H, K), v=f(B, T, HV, V), a=f(B, T, HV), b=f(B, T, HV),
+              A_log=jnp.log(jnp.asarray(rng.uniform(0.01, 0.1, HV), jnp.float32)),
+              dt_bias=jnp.asarray(0.3 * rng.standard_normal(HV), jnp.float32))
+
+
+def _window(x):
+  return x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"]
+
+
+def _replay_cache(rng, gdn, spec, B, write_pos, is_flush):
+  """A ReplayCache of B slots with filled rings and the given cursors."""
+  cache = ssm.init(gdn, spec, B, dtype=ACT)
+  r = lambda a: jnp.asarray(rng.standard_normal(a.shape, np.float32) * 0.3).astype(a.dtype)
+  g = -jnp.asarray(rng.uniform(0.003, 0.15, cache.ring_g.shape), jnp.float32)
+  return dataclasses.replace(
+      cache, ssm=r(cache.ssm), ring_d=r(cache.ring_d), ring_k=r(cache.ring_k), ring_g=g,
+      ring_beta=jnp.asarray(rng.uniform(0, 1, cache.ring_beta.shape), jnp.float32),
+      ring_rawk=r(cache.ring_rawk), ring_rawv=r(cache.ring_rawv),
+      write_pos=jnp.asarray(write_pos, jnp.int32),
+      cache_base=jnp.asarray(rng.integers(0, spec.ring_len, B), jnp.int32),
+      is_flush=jnp.asarray(is_flush, bool))
+
+
+def _restoring(step, cursors_of):
+  """``step`` followed by restoring the cursors, so every call sees the same phases."""
+  def run(cache):
+    saved = cursors_of(cache)
+    cache = step(cache)
+    return dataclasses.replace(cache, **saved)
+  return jax.jit(run, donate_argnums=0)
+
+
+def _cursors(cache: ReplayCache):
+  return dict(write_pos=cache.write_pos, cache_base=cache.cache_base, is_flush=cache.is_flush)
+
+
+def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, reps: int = 30,
+                decode_rings=(8, 16, 32)):
+  """All paths at batch size ``B``; yields (name, wp, L, timing, bytes)."""
+  rng = np.random.default_rng(B)
+  tuning = KernelTuning.default_for(gdn)
+  interpret = interpret_mode()
+  nbytes = Bytes(gdn, T)
+  slot_ids = jnp.arange(B, dtype=jnp.int32)
+  x = _inputs(rng, B, T, gdn)
+  x1 = _inputs(rng, B, 1, gdn)
+  S0 = jnp.asarray(0.3 * rng.standard_normal((B, *gdn.state_shape), np.float32))
+
+  # Recurrent baseline: the kernels alone, and the XLA commit (gather + scatter of B states).
+  rec = SpecConfig(draft_tokens=T, verify_mode="recurrent", backend="pallas")
+  verify = jax.jit(lambda inter: recurrent_kernels.recurrent_verify(
+      S0, inter, *_window(x), slot_ids, tuning=tuning, interpret=interpret)[1], donate_argnums=0)
+  t, inter = time_calls(verify, jnp.zeros((B, T, *gdn.state_shape), jnp.float32), reps=reps)
+  yield "rec_verify", 0, 0, t, B * nbytes.rec_verify()
+  cache = dataclasses.replace(ssm.init(gdn, rec, B), intermediate=inter)
+  accepted = jnp.full((B,), T, jnp.int32)
+  t, cache = time_calls(lambda c: ssm.commit(c, slot_ids, accepted, rec), cache, reps=reps)
+  yield "rec_commit", 0, 0, t, B * 2 * nbytes.S
+  del cache, inter
+  decode = jax.jit(lambda s: recurrent_kernels.recurrent_decode(
+      s, *_window(x1), slot_ids, tuning=tuning, interpret=interpret)[1], donate_argnums=0)
+  t, _ = time_calls(decode, S0 + 0, reps=reps)
+  yield "rec_decode", 0, 0, t, B * nbytes.rec_decode()
+
+  # ReplaySSM kernels alone.
+  spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend="pallas")
+  cache = _replay_cache(rng, gdn, spec, B, np.full(B, 8), np.zeros(B, bool))
+  rings = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk", "ring_rawv")
+
+  def replay_only(c):
+    _, *out = replay_kernels.replay_verify(
+        c.ssm, *(getattr(c, n) for n in rings), *_window(x), slot_ids, c.write_pos, c.cache_base,
+        tuning=KernelTuning.replay_default(gdn.head_v_dim, T), dot_precision=spec.dot_precision,
+        interpret=interpret)
+    return dataclasses.replace(c, **dict(zip(rings, out)))
+
+  t, cache = time_calls(jax.jit(replay_only, donate_argnums=0), cache, reps=reps)
+  yield "rssm_verify", 8, L, t, B * nbytes.rssm_verify(8)
+  wp_fold = L - T
+
+  def fold_only(c):
+    return dataclasses.replace(c, ssm=fold_kernels.fold(
+        c.ssm, c.ring_rawk, c.ring_rawv, c.ring_g, c.ring_beta, slot_ids,
+        jnp.full((B,), wp_fold, jnp.int32), c.cache_base, tuning=tuning, interpret=interpret))
+
+  t, cache = time_calls(jax.jit(fold_only, donate_argnums=0), cache, reps=reps)
+  yield "exact_fold", wp_fold, L, t, B * nbytes.fold(wp_fold)
+
+  # Whole verify steps (fold + verify + cursor bookkeeping), one jitted call each.
+  step = _restoring(lambda c: ssm.verify(c, *_window(x), slot_ids, spec)[1], _cursors)
+  phases = {
+      "rssm_step_nf": (np.full(B, 8), np.zeros(B, bool)),
+      "rssm_step_f": (np.full(B, wp_fold), np.ones(B, bool)),
+      "rssm_step_mixed": (np.array([wp_fold, 4, 8])[np.arange(B) % 3], np.arange(B) % 3 == 0),
+  }
+  for name, (wp, flush) in phases.items():
+    cache = dataclasses.replace(cache, write_pos=jnp.asarray(wp, jnp.int32), is_flush=jnp.asarray(flush))
+    t, cache = time_calls(step, cache, reps=reps)
+    model = sum(nbytes.rssm_step(int(w), bool(f)) for w, f in zip(wp, flush))
+    yield name, int(np.max(wp)) if name != "rssm_step_mixed" else -1, L, t, model
+  del cache
+
+  # ReplaySSM decode over a whole ring cycle (flush rule with T = 1: L-1 steps per fold).
+  for L_dec in decode_rings:
+    dspec = SpecConfig(draft_tokens=1, ring_len=L_dec, verify_mode="replayssm", backend="pallas")
+    steps = L_dec - 1
+
+    def cycle(c, dspec=dspec, steps=steps):
+      for _ in range(steps):
+        c = ssm.decode(c, *_window(x1), slot_ids, dspec)[1]
+      return c
+
+    # Start of a cycle: a full history waiting to be folded; one call = fold + L-1 decodes.
+    start = (np.full(B, L_dec - 1), np.ones(B, bool))
+    c = _replay_cache(rng, gdn, dspec, B, *start)
+    t, _ = time_calls(_restoring(cycle, _cursors), c, reps=max(5, reps // 3))
+    model = B * (nbytes.fold(L_dec - 1) - nbytes.S + sum(nbytes.rssm_verify(w, 1) for w in range(steps)))
+    per_step = Timing(t.median_us / steps, t.p20_us / steps, t.p80_us / steps, t.reps, t.method, t.kernels)
+    yield "rssm_decode_cycle", -1, L_dec, per_step, model / steps
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256, 512])
+  p.add_argument("--reps", type=int, default=30)
+  p.add_argument("--out", default="benchmarks/results.json")
+  p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth probe")
+  p.add_argument("--tiny", action="store_true", help="tiny geometry: a smoke run of every path")
+  args = p.parse_args(argv)
+  gdn = TINY if args.tiny else GEOMETRY
+  device = jax.devices()[0]
+  bw, bw_timing = copy_bandwidth(args.copy_gib)
+  print(f"copy bandwidth: {bw / 1e12:.3f} TB/s ({bw_timing.method})", flush=True)
+  rows = []
+  for B in args.batch:
+    for name, wp, L, t, model in bench_batch(B, gdn=gdn, reps=args.reps):
+      tbps = model / (t.median_us * 1e-6) / 1e12
+      rows.append(dict(kernel=name, B=B, wp=wp, L=L, median_us=round(t.median_us, 2),
+                       p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2), reps=t.reps,
+                       method=t.method, min_bytes=int(model), tbps=round(tbps, 3),
+                       pct_copy=round(100 * tbps * 1e12 / bw, 1), kernels=list(t.kernels)))
+      r = rows[-1]
+      print(f"B={B:4d} {name:18s} wp={wp:3d} L={L:3d} {r['median_us']:10.1f} us "
+            f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%", flush=True)
+  result = dict(date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                device=device.device_kind, platform=device.platform, jax=jax.__version__,
+                python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
+                copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
+                rows=rows)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"wrote {args.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,390 @@
+"""ReplaySSM verify: window outputs from checkpoint + ring history (DESIGN sections 1, 3, 5).
+
+Per row (slot ``slot_ids[b]``) and value head h (key head ``h // (HV // H)``), with
+ring length L and ``phys(i) = (cache_base + i) & (L - 1)``:
+
+History (logical records ``i < write_pos``, read at ``phys(i)``): ``d_i, k_hat_i, g_i``,
+``G_m = sum_i g_i``, ``w_i = exp(G_m - G_i) = exp(sum_{i < l < m} g_l)``. The state after it is
+never formed; the replay identity applies it to a vector x:
+
+    S_hist x = exp(G_m) (S0 x) + sum_i w_i (k_hat_i . x) d_i                    (S0 = ssm[slot, h])
+
+Window (tokens s = 0..T-1 from `token_inputs`; ``Gamma_s = g_0 + ... + g_s``), the UT transform
+(research/replayssm-algorithm.md section 1.3):
+
+    W_q[s] = S_hist q_hat_s,   W_k[s] = S_hist k_hat_s
+    A[s, j] = beta_s exp(Gamma_s - Gamma_j) (k_hat_s . k_hat_j)    for j < s
+    D = (I + A)^-1 R,   R[s] = beta_s (v_s - exp(Gamma_s) W_k[s])     (the window's d records)
+    o_s = exp(Gamma_s) W_q[s] + sum_{j <= s} exp(Gamma_s - Gamma_j) (q_hat_s . k_hat_j) d_j
+
+which equals stepping `reference.delta_rule_step` from S_hist through the window. The records
+(d, k_hat, g, beta, raw k, raw v) of token s go to logical position ``write_pos + s``; every
+other ring entry is left bitwise untouched, and ``ssm`` is only read. A row with
+``slot_ids[b] < 0`` is padding: zero output, no write.
+
+Kernel layout: grid (B, HV, V // BV), one program per ``[BV, K]`` checkpoint tile, whole-array
+refs indexed by the row's slot (as `recurrent.py`), no loop: every load is issued up front.
+
+- T need not be a power of two, but every Triton tensor must be (jax-ecosystem.md section
+  1.5). The window is held as ``T_pad = next_power_of_2(T)`` rows, gathered with the token
+  index clamped to T - 1 and zeroed past T (zero rows add nothing to any product), and
+  stored by masked scatters (`pltriton.store` with all-array indices) that skip those rows,
+  so the caller sees no padding and no extra copy.
+- The window's records scatter to ``phys(write_pos + s)`` in one store per array; g and beta
+  come from the program with V-block 0, k_hat and raw k from V-block 0 of the first value
+  head of each key head: one writer for each element.
+- The ring history is read whole (``[L, BV]`` d, ``[L, K]`` k_hat, ``[L]`` g) and masked by
+  the logical index ``(p - cache_base) & (L - 1) < write_pos``; masked entries are selected
+  away, never multiplied by 0, so stale or NaN records cannot leak, and the concurrent
+  window writes of other programs to the same rows are never looked at.
+- Matrix products are 2-D dots on ``X = [q_hat; k_hat]`` (``[2 T_pad, K]``): ``X S0^T``,
+  ``X K_hist^T``, then ``[L]``-contracted with the weighted d history, and the ``[T, T]``
+  window products (see `_mma` for their precisions). ``(I + A)^-1`` is a forward
+  substitution unrolled over T.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from replayssm_jax import reference
+from replayssm_jax.kernels.backend import KernelTuning, dot_algorithm
+from replayssm_jax.kernels.recurrent import token_inputs
+
+RING_NAMES = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk", "ring_rawv")
+RING_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+DOT_PRECISIONS = ("default", "tf32", "bf16", "ieee")
+# The (I + A) inverse is unrolled T - 1 times; the [2 T, K] window tile lives in registers
+# (H200: T=8 ran in 546 us at B=256, T=16 in 8.6 ms, spilling).
+MAX_DRAFT_TOKENS = 16
+
+
+def _next_power_of_2(n: int) -> int:
+  return 1 << (n - 1).bit_length()
+
+
+def _mma(dot_precision: str, contraction: int, interpret: bool):
+  """`precision=` of an in-kernel dot: the knob, or exact fp32 for short contractions.
+
+  Measured on the H200 (2026-11-29, jax 0.11.2, triton 3.6, Pallas Triton lowering): tf32
+  dots contracting over fewer than 8 and bf16 dots over fewer than 16 return garbage
+  (relative error 1 to 10; M and N as small as 1 are fine), while fp32 ("ieee") dots of
+  every size are right and, this small, cost nothing measurable. The window's own [T, T]
+  products are always exact; the K and L contractions use the knob from 16 on.
+  """
+  return dot_algorithm(dot_precision if contraction >= 16 else "ieee", interpret=interpret)
+
+
+def _replay_verify_kernel(
+    # inputs
+    slot_ids_ref,  # [B] int32
+    write_pos_ref,  # [B] int32
+    cache_base_ref,  # [B] int32
+    q_ref,  # [B, T, H, K] activation
+    k_ref,  # [B, T, H, K] activation
+    v_ref,  # [B, T, HV, V] activation
+    a_ref,  # [B, T, HV] activation
+    b_ref,  # [B, T, HV] activation
+    A_log_ref,  # [HV] f32
+    dt_bias_ref,  # [HV] f32
+    ssm_ref,  # [slots, HV, V, K] f32, read only
+    ring_d_ref,  # [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref)
+    ring_k_ref,  # [slots, H, L, K] ring dtype (aliased)
+    ring_g_ref,  # [slots, HV, L] f32 (aliased)
+    ring_beta_ref,  # [slots, HV, L] f32 (aliased; not read)
+    ring_rawk_ref,  # [slots, H, L, K] activation (aliased; not read)
+    ring_rawv_ref,  # [slots, HV, L, V] activation (aliased; not read)
+    # outputs
+    o_ref,  # [B, T, HV, V] activation
+    ring_d_out_ref,  # [slots, HV, L, V] ring dtype
+    ring_k_out_ref,  # [slots, H, L, K] ring dtype
+    ring_g_out_ref,  # [slots, HV, L] f32
+    ring_beta_out_ref,  # [slots, HV, L] f32
+    ring_rawk_out_ref,  # [slots, H, L, K] activation
+    ring_rawv_out_ref,  # [slots, HV, L, V] activation
+    *,
+    T: int,
+    L: int,
+    gqa_ratio: int,
+    block_v: int,
+    scale: float,
+    precision_k,
+    precision_l,
+    precision_t,
+):
+  del ring_beta_ref, ring_rawk_ref, ring_rawv_ref  # written only, through the aliased outputs
+  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  slot = slot_ids_ref[row]
+  kh = h // gqa_ratio
+  vs = pl.ds(j * block_v, block_v)
+  K = q_ref.shape[-1]
+  T_pad = _next_power_of_2(T)
+  tok = jax.lax.broadcasted_iota(jnp.int32, (T_pad,), 0)
+  in_window = tok < T  # the rows past T pad the window to a power of two
+  rows_v = (tok[:, None], j * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1))
+  mask_v = jnp.broadcast_to(in_window[:, None], (T_pad, block_v))
+
+  def store(ref, idx, value, mask):  # masked scatter of the window rows (all-array indices)
+    pltriton.store(ref.at[idx], value.astype(ref.dtype), mask=mask)
+
+  @pl.when(slot < 0)
+  def _padding():
+    store(o_ref, (row, rows_v[0], h, rows_v[1]), jnp.zeros((T_pad, block_v)), mask_v)
+
+  @pl.when(slot >= 0)
+  def _verify():
+    write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
+    # precision_k / _l / _t: the dots contracting over K, L and the window (see `_mma`).
+    def dot(x, y, precision):
+      return jnp.dot(x, y, precision=precision, preferred_element_type=jnp.float32)
+
+    def dot_nt(x, y, precision):  # x @ y^T, contracting the last axes
+      return jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), precision=precision,
+                                 preferred_element_type=jnp.float32)
+
+    # The window, all rows at once (rows past T read token T-1 and are zeroed). `token_inputs`
+    # is elementwise in g and beta, so they are bitwise those of the recurrent path.
+    src = jnp.minimum(tok, T - 1)
+    k_raw, v_raw = k_ref[row, src, kh, :], v_ref[row, src, h, vs]  # [T_pad, K], [T_pad, BV]
+    q_hat, k_hat, v, g, beta = token_inputs(
+        q_ref[row, src, kh, :], k_raw, v_raw, a_ref[row, src, h], b_ref[row, src, h],
+        A_log_ref[h], dt_bias_ref[h], scale)
+    q_hat, k_hat, v = (jnp.where(in_window[:, None], x, 0.0) for x in (q_hat, k_hat, v))
+    g_win, beta_win = jnp.where(in_window, g, 0.0), jnp.where(in_window, beta, 0.0)
+    # X = [q_hat; k_hat] (Triton has no row concatenation: stack on a new last axis, move it).
+    X = jnp.transpose(jnp.stack([q_hat, k_hat], axis=-1), (2, 0, 1)).reshape(2 * T_pad, K)
+
+    # History: the whole ring row, masked by logical index; G_m - G_i summed over the records
+    # logically after i through an [L, L] mask (no cancellation, any wraparound).
+    pos = jax.lax.broadcasted_iota(jnp.int32, (L,), 0)
+    logical = (pos - cache_base) & (L - 1)
+    valid = logical < write_pos
+    g_hist = jnp.where(valid, ring_g_ref[slot, h, :], 0.0)
+    later = logical[None, :] > logical[:, None]  # [L, L]: record p' after record p
+    w = jnp.where(valid, jnp.exp(jnp.sum(jnp.where(later, g_hist[None, :], 0.0), axis=1)), 0.0)
+    d_hist = jnp.where(valid[:, None], ring_d_ref[slot, h, :, vs].astype(jnp.float32), 0.0)
+    k_hist = jnp.where(valid[:, None], ring_k_ref[slot, kh, :, :].astype(jnp.float32), 0.0)
+
+    # [W_q; W_k] = exp(G_m) X S0^T + ((X K_hist^T) * w) D_hist              [2 T_pad, BV]
+    W = jnp.exp(jnp.sum(g_hist)) * dot_nt(X, ssm_ref[slot, h, vs, :], precision_k)
+    W = W + dot(dot_nt(X, k_hist, precision_k) * w[None, :], d_hist, precision_l)
+    W_q, W_k = jnp.split(W, 2, axis=0)
+    # [T_pad, T_pad]: q_hat_s . k_hat_j and k_hat_s . k_hat_j
+    qk, kk = jnp.split(dot_nt(X, k_hat, precision_t), 2, axis=0)
+
+    causal = tok[:, None] >= tok[None, :]
+    Gamma = jnp.sum(jnp.where(causal, g_win[None, :], 0.0), axis=1)
+    decay = jnp.where(causal, jnp.exp(jnp.where(causal, Gamma[:, None] - Gamma[None, :], 0.0)), 0.0)
+    A = jnp.where(tok[:, None] > tok[None, :], beta_win[:, None] * decay * kk, 0.0)
+    R = beta_win[:, None] * (v - jnp.exp(Gamma)[:, None] * W_k)
+
+    # (I + A)^-1 by forward substitution, row i = e_i - A[i, :] @ Tinv (rows < i final).
+    Tinv = jnp.where(tok[:, None] == tok[None, :], 1.0, 0.0)
+    for i in range(1, T):
+      a_i = jnp.sum(jnp.where(tok[:, None] == i, A, 0.0), axis=0)
+      row_i = Tinv - jnp.sum(a_i[:, None] * Tinv, axis=0)[None, :]
+      Tinv = jnp.where(tok[:, None] == i, row_i, Tinv)
+    D = dot(Tinv, R, precision_t)
+    O = jnp.exp(Gamma)[:, None] * W_q + dot(decay * qk, D, precision_t)
+
+    # The records go to logical write_pos + s; only the rows of the window are stored.
+    phys = ((cache_base + write_pos + tok) & (L - 1))[:, None]  # [T_pad, 1]
+    cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
+    mask_k = jnp.broadcast_to(in_window[:, None], (T_pad, K))
+    store(o_ref, (row, rows_v[0], h, rows_v[1]), O, mask_v)
+    store(ring_d_out_ref, (slot, h, phys, rows_v[1]), D, mask_v)
+    store(ring_rawv_out_ref, (slot, h, phys, rows_v[1]), v_raw, mask_v)
+
+    @pl.when(j == 0)  # one writer per value head for g and beta
+    def _():
+      store(ring_g_out_ref, (slot, h, phys[:, 0]), g, in_window)
+      store(ring_beta_out_ref, (slot, h, phys[:, 0]), beta, in_window)
+
+    @pl.when((j == 0) & (h % gqa_ratio == 0))  # one writer per key head for k_hat and raw k
+    def _():
+      store(ring_k_out_ref, (slot, kh, phys, cols_k), k_hat, mask_k)
+      store(ring_rawk_out_ref, (slot, kh, phys, cols_k), k_raw, mask_k)
+
+
+def _check_inputs(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                  q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base):
+  B, T, H, K = q.shape
+  slots, HV, V, _ = ssm.shape
+  L = ring_g.shape[-1]
+  act, ring = q.dtype, ring_d.dtype
+  f32, i32 = jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)
+  expected = {  # name: (expected shape, expected dtype, array)
+      "ssm": ((slots, HV, V, K), f32, ssm), "k": ((B, T, H, K), act, k),
+      "v": ((B, T, HV, V), act, v), "a": ((B, T, HV), act, a), "b": ((B, T, HV), act, b),
+      "A_log": ((HV,), f32, A_log), "dt_bias": ((HV,), f32, dt_bias),
+      "slot_ids": ((B,), i32, slot_ids), "write_pos": ((B,), i32, write_pos),
+      "cache_base": ((B,), i32, cache_base),
+      "ring_d": ((slots, HV, L, V), ring, ring_d), "ring_k": ((slots, H, L, K), ring, ring_k),
+      "ring_g": ((slots, HV, L), f32, ring_g), "ring_beta": ((slots, HV, L), f32, ring_beta),
+      "ring_rawk": ((slots, H, L, K), act, ring_rawk),
+      "ring_rawv": ((slots, HV, L, V), act, ring_rawv),
+  }
+  for name, (shape, dtype, x) in expected.items():
+    if tuple(x.shape) != shape or jnp.dtype(x.dtype) != dtype:
+      raise ValueError(f"{name} is {jnp.dtype(x.dtype).name}{list(x.shape)}; expected "
+                       f"{dtype.name}{list(shape)} (q is {act.name}{list(q.shape)}, "
+                       f"ssm is {list(ssm.shape)}, ring_d is {ring.name}{list(ring_d.shape)}).")
+  if HV % H:
+    raise ValueError(f"value heads HV={HV} must be a multiple of key heads H={H}.")
+  if ring not in RING_DTYPES:
+    raise ValueError(f"ring_d dtype {ring.name} must be bfloat16 or float32.")
+  if L < T or L & (L - 1):
+    raise ValueError(f"ring length L={L} must be a power of two >= T={T}; "
+                     f"try L={_next_power_of_2(2 * T)}.")
+
+
+@functools.partial(jax.jit, static_argnames=("tuning", "dot_precision", "interpret"))
+def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                        q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
+                        tuning: KernelTuning, dot_precision: str, interpret: bool):
+  B, T, H, K = q.shape
+  HV, V = v.shape[2], v.shape[3]
+  kernel = functools.partial(
+      _replay_verify_kernel, T=T, L=ring_g.shape[-1], gqa_ratio=HV // H, block_v=tuning.block_v,
+      scale=K ** -0.5, precision_k=_mma(dot_precision, K, interpret),
+      precision_l=_mma(dot_precision, ring_g.shape[-1], interpret),
+      precision_t=_mma("ieee", T, interpret))
+  inputs = dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, v=v,
+                a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm, ring_d=ring_d, ring_k=ring_k,
+                ring_g=ring_g, ring_beta=ring_beta, ring_rawk=ring_rawk, ring_rawv=ring_rawv)
+  out_shape = (jax.ShapeDtypeStruct(v.shape, v.dtype),
+               *(jax.ShapeDtypeStruct(inputs[n].shape, inputs[n].dtype) for n in RING_NAMES))
+  return pl.pallas_call(
+      kernel,
+      out_shape=out_shape,
+      grid=(B, HV, V // tuning.block_v),
+      input_output_aliases={list(inputs).index(n): 1 + i for i, n in enumerate(RING_NAMES)},
+      interpret=interpret,
+      compiler_params=tuning.compiler_params(),
+      name=f"replay_verify_T{T}_bv{tuning.block_v}_w{tuning.num_warps}",
+  )(*inputs.values())
+
+
+def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                  q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
+                  tuning: KernelTuning, dot_precision: str, interpret: bool):
+  """Verify outputs of a T-token window from checkpoint + ring; window records into the rings.
+
+  Args:
+    ssm: ``f32[slots, HV, V, K]`` checkpoints (read only).
+    ring_d: ``[slots, HV, L, V]`` d records, bf16 or f32 (the ring dtype); updated in place.
+    ring_k: ``[slots, H, L, K]`` normalised keys, ring dtype; updated in place.
+    ring_g, ring_beta: ``f32[slots, HV, L]`` gates; updated in place.
+    ring_rawk: ``[slots, H, L, K]``, ring_rawv: ``[slots, HV, L, V]`` raw inputs in the
+      activation dtype; updated in place.
+    q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; a, b: ``[B, T, HV]`` (activation dtype).
+    A_log, dt_bias: ``f32[HV]``.
+    slot_ids: ``int32[B]``, -1 marks a padding row.
+    write_pos, cache_base: ``int32[B]``, the row's slot cursors (``write_pos + T <= L``).
+    tuning: ``block_v`` and the Triton launch parameters.
+    dot_precision: ``"default"``, ``"tf32"``, ``"bf16"`` or ``"ieee"`` for the in-kernel dots.
+    interpret: run the Pallas interpreter (CPU).
+
+  Returns:
+    ``(o, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``, ``o [B, T, HV, V]`` in
+    the dtype of v. Rows sharing a slot are not supported.
+
+  Raises:
+    ValueError: a shape, dtype, ring length or knob is off.
+  """
+  args = (ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+          q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
+  _check_inputs(*args)
+  tuning.check(v.shape[-1])
+  if dot_precision not in DOT_PRECISIONS:
+    raise ValueError(f"dot_precision={dot_precision!r} is unknown; use one of {DOT_PRECISIONS}.")
+  if q.shape[1] > MAX_DRAFT_TOKENS:
+    raise ValueError(f"T={q.shape[1]} draft tokens exceed the Pallas replay verify's "
+                     f"{MAX_DRAFT_TOKENS}; use the xla backend.")
+  return _replay_verify_call(*args, tuning=tuning, dot_precision=dot_precision,
+                             interpret=interpret)
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def _ring_history(ring, slot, cache_base):
+  """``ring[slot]`` ``[B, heads, L, ...]`` in logical order, as records ``[B, L, heads, ...]``."""
+  x = ring[jnp.maximum(slot, 0)]
+  L = x.shape[2]
+  order = (cache_base[:, None] + jnp.arange(L)) & (L - 1)  # [B, L]: phys of logical i
+  x = jnp.take_along_axis(x, order.reshape(order.shape[0], 1, L, *(1,) * (x.ndim - 3)), axis=2)
+  return jnp.moveaxis(x, 2, 1)
+
+
+def _scatter_records(ring, slot_ids, phys, records):
+  """``ring[slot, :, phys[b, s]] = records[b, :, s]``, dropping padding rows (slot -1)."""
+  slot = jnp.where(slot_ids < 0, ring.shape[0], slot_ids)[:, None, None]
+  heads = jnp.arange(ring.shape[1])[None, :, None]
+  return ring.at[slot, heads, phys[:, None, :]].set(records.astype(ring.dtype), mode="drop")
+
+
+def replay_verify_reference(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                            q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, **_):
+  """Pure-jnp `replay_verify` (the ``xla`` backend), built on `reference.replay_apply`.
+
+  Every dot runs at HIGHEST precision: ``tuning``, ``dot_precision`` and ``interpret`` are
+  accepted and ignored. Padding rows read slot 0 and their results are dropped.
+  """
+  _check_inputs(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
+  B, T, H, K = q.shape
+  HV, L = v.shape[2], ring_g.shape[-1]
+  r = HV // H
+  hp = jax.lax.Precision.HIGHEST
+  q_hat, k_hat, v_win, g, beta = token_inputs(  # [B, T, HV, ...]
+      jnp.repeat(q, r, axis=2), jnp.repeat(k, r, axis=2), v, a, b, A_log, dt_bias, K ** -0.5)
+
+  # W_x = S_hist x by the replay identity over the logical history (reference.replay_apply).
+  valid = jnp.arange(L)[None, :] < write_pos[:, None]  # [B, L]
+  d_hist = _ring_history(ring_d, slot_ids, cache_base)  # [B, L, HV, V]
+  k_hist = jnp.repeat(_ring_history(ring_k, slot_ids, cache_base), r, axis=2)
+  g_hist = _ring_history(ring_g, slot_ids, cache_base)
+  apply = jax.vmap(reference.replay_apply, in_axes=(None, None, None, None, 1, None), out_axes=1)
+  S0 = ssm[jnp.maximum(slot_ids, 0)]
+  W_q = apply(S0, d_hist, k_hist, g_hist, q_hat, valid)  # [B, T, HV, V]
+  W_k = apply(S0, d_hist, k_hist, g_hist, k_hat, valid)
+  # Order the ring writes after every history read (the fold's too: S0 depends on it), so
+  # XLA updates the donated rings in place instead of copying them first.
+  (W_q, W_k), (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv) = jax.lax.optimization_barrier(
+      ((W_q, W_k), (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)))
+
+  # The UT transform per (row, head), window axis s second to last.
+  q_hat, k_hat, v_win, W_q, W_k = (jnp.moveaxis(x, 1, 2) for x in (q_hat, k_hat, v_win, W_q, W_k))
+  g, beta = jnp.moveaxis(g, 1, 2), jnp.moveaxis(beta, 1, 2)  # [B, HV, T]
+  tok = jnp.arange(T)
+  causal, strict = tok[:, None] >= tok[None, :], tok[:, None] > tok[None, :]
+  Gamma = jnp.cumsum(g, axis=-1)
+  seg = jnp.where(causal, Gamma[..., :, None] - Gamma[..., None, :], 0)  # Gamma_s - Gamma_j
+  decay = jnp.where(causal, jnp.exp(seg), 0)
+  kk = jnp.einsum("...sk,...jk->...sj", k_hat, k_hat, precision=hp)
+  qk = jnp.einsum("...sk,...jk->...sj", q_hat, k_hat, precision=hp)
+  A = jnp.where(strict, beta[..., :, None] * decay * kk, 0)
+  R = beta[..., None] * (v_win - jnp.exp(Gamma)[..., None] * W_k)
+  D = jax.scipy.linalg.solve_triangular(jnp.eye(T, dtype=A.dtype) + A, R, lower=True,
+                                        unit_diagonal=True)  # [B, HV, T, V]
+  O = jnp.exp(Gamma)[..., None] * W_q + jnp.einsum("...sj,...jv->...sv", decay * qk, D,
+                                                    precision=hp)
+  o = jnp.where((slot_ids >= 0)[:, None, None, None], jnp.moveaxis(O, 2, 1), 0).astype(v.dtype)
+
+  phys = (cache_base[:, None] + write_pos[:, None] + tok[None, :]) & (L - 1)  # [B, T]
+  key_records = jnp.moveaxis(reference.l2_normalize(k.astype(jnp.float32)), 1, 2)  # [B, H, T, K]
+  rings = (
+      _scatter_records(ring_d, slot_ids, phys, D),
+      _scatter_records(ring_k, slot_ids, phys, key_records),
+      _scatter_records(ring_g, slot_ids, phys, g),
+      _scatter_records(ring_beta, slot_ids, phys, beta),
+      _scatter_records(ring_rawk, slot_ids, phys, jnp.moveaxis(k, 1, 2)),
+      _scatter_records(ring_rawv, slot_ids, phys, jnp.moveaxis(v, 1, 2)),
+  )
+  return (o, *rings)

@@ -1,0 +1,294 @@
+"""The functional SSM API of one GDN layer: init, reset, verify, commit, decode, materialize.
+
+Every function takes the cache pytree and returns a new one; the jitted ones
+donate it, and the kernels update it in place (`input_output_aliases`), so a
+step copies neither the checkpoint nor the rings nor ``intermediate``.
+
+``spec.verify_mode`` picks the algorithm (DESIGN section 3):
+
+- ``"recurrent"`` (`RecurrentCache`): verify writes the state after each draft into
+  ``intermediate``; commit copies ``intermediate[slot, accepted - 1]`` into ``ssm``.
+- ``"replayssm"`` (`ReplayCache`): verify first folds the rows marked ``is_flush``
+  (exact replay of their committed raw records into the checkpoint), then computes
+  the window outputs from checkpoint + ring history and appends the window's
+  records; commit only moves cursors.
+
+The fold retires what it folded at once (``cache_base += write_pos``, ``write_pos = 0``,
+``is_flush = False``: SGLang's "finish fold"), after which DESIGN's commit formula
+gives the same cursors as folding at commit time. This makes a verify idempotent
+(verifying twice before a commit gives the same outputs and state) and keeps
+`materialize` exact between verify and commit.
+
+Inputs are post-conv and pre-norm: q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``,
+a, b ``[B, T, HV]`` in the activation dtype, A_log and dt_bias ``f32[HV]``;
+``slot_ids`` ``int32[B]`` with -1 for padding rows (zero output, no write).
+Slot ids of one batch must be distinct.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from replayssm_jax.config import GDNConfig, SpecConfig
+from replayssm_jax.kernels import fold as fold_kernels
+from replayssm_jax.kernels import recurrent as recurrent_kernels
+from replayssm_jax.kernels import replay_verify as replay_kernels
+from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
+from replayssm_jax.state import RecurrentCache, ReplayCache, SSMCache, cache_type_for
+
+_jit = functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("cache",))
+
+
+def init(gdn: GDNConfig, spec: SpecConfig, num_slots: int, *, dtype=jnp.bfloat16) -> SSMCache:
+  """A zero-filled SSM cache of one layer for ``num_slots`` slots.
+
+  Args:
+    gdn: the layer geometry.
+    spec: `verify_mode` picks `RecurrentCache` or `ReplayCache`.
+    num_slots: request slots.
+    dtype: activation dtype (raw rings and, by default, the d and k rings).
+
+  >>> cache = init(GDNConfig.preset("qwen3.5-35b-a3b", tp=8), SpecConfig(), 2)
+  >>> type(cache).__name__, cache.ring_d.shape
+  ('ReplayCache', (2, 4, 16, 128))
+  """
+  if spec.verify_mode == "replayssm":
+    return ReplayCache.create(gdn, spec, num_slots, dtype)
+  return RecurrentCache.create(gdn, spec, num_slots)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_cache(cache, spec: SpecConfig, what: str) -> None:
+  want = cache_type_for(spec)
+  if isinstance(cache, want):
+    return
+  if isinstance(cache, ReplayCache):
+    raise ValueError(f"{what}: spec.verify_mode='recurrent' needs `intermediate`, which a "
+                     "ReplayCache does not allocate; build the cache with "
+                     "ssm.init(gdn, SpecConfig(verify_mode='recurrent', ...), ...).")
+  if isinstance(cache, RecurrentCache):
+    raise ValueError(f"{what}: spec.verify_mode='replayssm' needs a ReplayCache (checkpoint, "
+                     "rings and cursors); this cache is a RecurrentCache. Build it with "
+                     "ssm.init(gdn, SpecConfig(verify_mode='replayssm', ...), ...).")
+  raise TypeError(f"{what}: expected a RecurrentCache or ReplayCache, got {type(cache).__name__}.")
+
+
+def _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, T: int, what: str) -> None:
+  """Shapes and dtypes of a verify/decode window against the cache (trace time)."""
+  slots, HV, V, K = cache.ssm.shape
+  B, H = q.shape[0], q.shape[2]
+  expected = {"q": (B, T, H, K), "k": (B, T, H, K), "v": (B, T, HV, V), "a": (B, T, HV),
+              "b": (B, T, HV), "A_log": (HV,), "dt_bias": (HV,), "slot_ids": (B,)}
+  given = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, slot_ids=slot_ids)
+  for name, shape in expected.items():
+    if given[name].shape != shape:
+      raise ValueError(f"{what}: {name} has shape {given[name].shape}; expected {shape} "
+                       f"(T={T}, cache state {cache.ssm.shape}).")
+  if slot_ids.dtype != jnp.int32:
+    raise TypeError(f"{what}: slot_ids must be int32; got {slot_ids.dtype}.")
+  if isinstance(cache, ReplayCache):
+    if cache.ring_rawk.shape[1] != H:
+      raise ValueError(f"{what}: q has {H} key heads; the cache rings have {cache.ring_rawk.shape[1]}.")
+    act = cache.ring_rawk.dtype
+    for name in ("q", "k", "v"):
+      if given[name].dtype != act:
+        raise TypeError(f"{what}: {name} is {given[name].dtype} but the cache was built for "
+                        f"{act} activations (ssm.init(..., dtype={act.name})).")
+
+
+def _tuning(cache, tuning: KernelTuning | None) -> KernelTuning:
+  return tuning or KernelTuning(block_v=min(32, cache.ssm.shape[2]))
+
+
+def _replay_tuning(cache, T: int, tuning: KernelTuning | None) -> KernelTuning:
+  return tuning or KernelTuning.replay_default(cache.ssm.shape[2], T)
+
+
+def _kernel(spec: SpecConfig, pallas_fn, reference_fn):
+  """The implementation ``spec.backend`` selects (DESIGN section 5)."""
+  if spec.backend == "xla":
+    return reference_fn
+  if spec.backend == "pallas":
+    return functools.partial(pallas_fn, interpret=interpret_mode())
+  raise NotImplementedError("backend='triton' (jax-triton kernels) is not implemented yet; "
+                            "use backend='pallas' or 'xla'.")
+
+
+def _row_cursors(cache: ReplayCache, slot_ids):
+  s = jnp.maximum(slot_ids, 0)
+  return cache.write_pos[s], cache.cache_base[s], cache.is_flush[s]
+
+
+def _set_cursors(cache: ReplayCache, slot_ids, write_pos, cache_base, is_flush) -> ReplayCache:
+  """Scatter per-row cursors back to their slots; padding rows write nothing."""
+  scatter = recurrent_kernels.scatter_rows
+  return dataclasses.replace(
+      cache,
+      write_pos=scatter(cache.write_pos, slot_ids, write_pos),
+      cache_base=scatter(cache.cache_base, slot_ids, cache_base),
+      is_flush=scatter(cache.is_flush, slot_ids, is_flush))
+
+
+# ----------------------------------------------------------------------------- API
+
+
+@_jit
+def reset(cache: SSMCache, slot_ids: jax.Array, initial_state: jax.Array, spec: SpecConfig) -> SSMCache:
+  """Start new requests: ``ssm[slot] = initial_state`` and empty rings (DESIGN section 3).
+
+  Args:
+    cache: the layer's SSM cache (donated).
+    slot_ids: ``int32[B]``; -1 rows are skipped.
+    initial_state: ``f32[B, HV, V, K]``, the post-prefill states.
+    spec: the configuration the cache was built with.
+  """
+  _check_cache(cache, spec, "ssm.reset")
+  if initial_state.shape != (slot_ids.shape[0], *cache.ssm.shape[1:]):
+    raise ValueError(f"ssm.reset: initial_state has shape {initial_state.shape}; expected "
+                     f"{(slot_ids.shape[0], *cache.ssm.shape[1:])}.")
+  cache = dataclasses.replace(cache, ssm=recurrent_kernels.scatter_rows(cache.ssm, slot_ids, initial_state))
+  if isinstance(cache, RecurrentCache):
+    return cache
+  B = slot_ids.shape[0]
+  zeros = jnp.zeros((B,), jnp.int32)
+  return _set_cursors(cache, slot_ids, zeros, zeros, jnp.full((B,), spec.flush_on_reset))
+
+
+def _fold_flush_rows(cache: ReplayCache, slot_ids, spec: SpecConfig, tuning: KernelTuning):
+  """Fold the rows marked ``is_flush`` and retire their history; returns (cache, write_pos, cache_base)."""
+  write_pos, cache_base, is_flush = _row_cursors(cache, slot_ids)
+  flush = is_flush & (slot_ids >= 0)
+  fold = _kernel(spec, fold_kernels.fold, fold_kernels.fold_reference)
+  ssm = fold(cache.ssm, cache.ring_rawk, cache.ring_rawv, cache.ring_g, cache.ring_beta,
+             slot_ids, jnp.where(flush, write_pos, 0), cache_base, tuning=tuning)
+  L = cache.ring_len
+  cache_base = jnp.where(flush, (cache_base + write_pos) & (L - 1), cache_base)
+  write_pos = jnp.where(flush, 0, write_pos)
+  cache = _set_cursors(dataclasses.replace(cache, ssm=ssm), slot_ids, write_pos, cache_base,
+                       jnp.where(flush, False, is_flush))
+  return cache, write_pos, cache_base
+
+
+def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,
+                   replay_tuning):
+  """Fold flush rows, then the replay verify of the window; the window's records go into the ring."""
+  cache, write_pos, cache_base = _fold_flush_rows(cache, slot_ids, spec, tuning)
+  tuning = _replay_tuning(cache, q.shape[1], replay_tuning)
+  verify = _kernel(spec, replay_kernels.replay_verify, replay_kernels.replay_verify_reference)
+  o, *rings = verify(cache.ssm, cache.ring_d, cache.ring_k, cache.ring_g, cache.ring_beta,
+                     cache.ring_rawk, cache.ring_rawv, q, k, v, a, b, A_log, dt_bias, slot_ids,
+                     write_pos, cache_base, tuning=tuning, dot_precision=spec.dot_precision)
+  names = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk", "ring_rawv")
+  return o, dataclasses.replace(cache, **dict(zip(names, rings)))
+
+
+_step_jit = functools.partial(jax.jit, static_argnames=("spec", "tuning", "replay_tuning"),
+                              donate_argnames=("cache",))
+
+
+@_step_jit
+def verify(cache: SSMCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec: SpecConfig, *,
+           tuning: KernelTuning | None = None, replay_tuning: KernelTuning | None = None):
+  """Outputs of a T-token draft window; the committed state is not changed.
+
+  Args:
+    cache: the layer's SSM cache (donated).
+    q, k, v, a, b, A_log, dt_bias, slot_ids: see the module docstring; ``T = spec.draft_tokens``.
+    spec: the configuration the cache was built with.
+    tuning: launch parameters of the recurrent kernels and the exact fold, which share
+      them for bitwise equality (default: ``block_v = min(32, V)``, 4 warps).
+    replay_tuning: launch parameters of the replay verify (default:
+      `KernelTuning.replay_default`).
+
+  Returns:
+    ``(o, cache)`` with ``o [B, T, HV, V]`` in the activation dtype.
+  """
+  _check_cache(cache, spec, "ssm.verify")
+  _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec.draft_tokens, "ssm.verify")
+  tuning = _tuning(cache, tuning)
+  if isinstance(cache, ReplayCache):
+    return _replay_window(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,
+                          replay_tuning)
+  run = _kernel(spec, recurrent_kernels.recurrent_verify, recurrent_kernels.recurrent_verify_reference)
+  o, intermediate = run(cache.ssm, cache.intermediate, q, k, v, a, b, A_log, dt_bias, slot_ids,
+                        tuning=tuning)
+  return o, dataclasses.replace(cache, intermediate=intermediate)
+
+
+def _advance_cursors(cache: ReplayCache, slot_ids, accepted, spec: SpecConfig) -> ReplayCache:
+  """DESIGN section 3's commit formula, per row."""
+  write_pos, cache_base, is_flush = _row_cursors(cache, slot_ids)
+  L, T = cache.ring_len, spec.draft_tokens
+  flush_now = (accepted > 0) & is_flush
+  cache_base = jnp.where(flush_now, (cache_base + write_pos) & (L - 1), cache_base)
+  write_pos = jnp.where(is_flush, accepted, write_pos + accepted)
+  return _set_cursors(cache, slot_ids, write_pos, cache_base, write_pos + 2 * T > L)
+
+
+@_jit
+def commit(cache: SSMCache, slot_ids: jax.Array, accepted: jax.Array, spec: SpecConfig) -> SSMCache:
+  """Commit the first ``accepted[b]`` tokens (bonus included) of each row's last verify.
+
+  Args:
+    cache: the layer's SSM cache (donated).
+    slot_ids: ``int32[B]``; -1 rows are skipped.
+    accepted: ``int32[B]`` in ``0..T``; 0 leaves the committed state as it was.
+    spec: the configuration the cache was built with.
+  """
+  _check_cache(cache, spec, "ssm.commit")
+  if accepted.shape != slot_ids.shape:
+    raise ValueError(f"ssm.commit: accepted has shape {accepted.shape}; expected {slot_ids.shape}.")
+  accepted = accepted.astype(jnp.int32)
+  if isinstance(cache, ReplayCache):
+    return _advance_cursors(cache, slot_ids, accepted, spec)
+  s = jnp.maximum(slot_ids, 0)
+  committed = cache.intermediate[s, jnp.maximum(accepted - 1, 0)]
+  targets = jnp.where(accepted > 0, slot_ids, -1)
+  return dataclasses.replace(cache, ssm=recurrent_kernels.scatter_rows(cache.ssm, targets, committed))
+
+
+@_step_jit
+def decode(cache: SSMCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec: SpecConfig, *,
+           tuning: KernelTuning | None = None, replay_tuning: KernelTuning | None = None):
+  """One plain decode token per row (``T = 1``), committed by the call itself.
+
+  In ``replayssm`` mode this is the verify protocol with a one-token window on the
+  same ring (same fold, same flush rule with ``T = spec.draft_tokens``), so decode
+  and verify steps can alternate freely for any row.
+
+  Returns:
+    ``(o, cache)`` with ``o [B, 1, HV, V]``.
+  """
+  _check_cache(cache, spec, "ssm.decode")
+  _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, 1, "ssm.decode")
+  tuning = _tuning(cache, tuning)
+  if isinstance(cache, ReplayCache):
+    o, cache = _replay_window(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,
+                              replay_tuning)
+    return o, _advance_cursors(cache, slot_ids, jnp.ones_like(slot_ids), spec)
+  run = _kernel(spec, recurrent_kernels.recurrent_decode, recurrent_kernels.recurrent_decode_reference)
+  o, ssm = run(cache.ssm, q, k, v, a, b, A_log, dt_bias, slot_ids, tuning=tuning)
+  return o, dataclasses.replace(cache, ssm=ssm)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def materialize(cache: SSMCache, slot_ids: jax.Array, spec: SpecConfig) -> jax.Array:
+  """The committed states ``f32[B, HV, V, K]`` of the rows (zeros for padding rows).
+
+  ``replayssm``: the checkpoint with the committed history replayed exactly from
+  the raw records (pure jnp; the cache is not changed).
+  """
+  _check_cache(cache, spec, "ssm.materialize")
+  s = jnp.maximum(slot_ids, 0)
+  S = cache.ssm[s]
+  if isinstance(cache, ReplayCache):
+    write_pos, cache_base, _ = _row_cursors(cache, slot_ids)
+    S = fold_kernels.replay_rows(S, cache.ring_rawk[s], cache.ring_rawv[s], cache.ring_g[s],
+                                 cache.ring_beta[s], write_pos, cache_base)
+  return jnp.where((slot_ids >= 0)[:, None, None, None], S, 0)

@@ -1,0 +1,31 @@
+"""The kernel benchmark runs every path end to end (tiny geometry; the numbers mean nothing on CPU)."""
+
+from __future__ import annotations
+
+import json
+
+from replayssm_jax.bench import kernels
+
+
+def test_bench_smoke(tmp_path):
+  out = tmp_path / "results.json"
+  assert kernels.main(["--tiny", "--batch", "2", "--reps", "2", "--copy-gib", "0.004", "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  names = {row["kernel"] for row in result["rows"]}
+  assert names == {"rec_verify", "rec_commit", "rec_decode", "rssm_verify", "exact_fold", "rssm_step_nf",
+                   "rssm_step_f", "rssm_step_mixed", "rssm_decode_cycle"}
+  for row in result["rows"]:
+    assert row["median_us"] > 0 and row["min_bytes"] > 0
+  assert {"date", "device", "jax", "copy_tbps"} <= result.keys()
+
+
+def test_byte_models_match_the_anchor():
+  """The byte models reproduce anchor-bench.md's per-request constants (HV=32, H=16, K=V=128, T=4)."""
+  b = kernels.Bytes(kernels.GEOMETRY, 4)
+  assert b.S == 2_097_152
+  assert b.tok_in() == 16_512 and b.tok_out() == 8_192 and b.io() == 98_816
+  assert b.hist_rec() == 12_416 and b.win_rec() == 24_832 and b.raw_rec() == 12_544
+  assert round(b.rec_verify() / 1e6, 2) == 10.58
+  assert round(b.rssm_verify(8) / 1e6, 2) == 2.39
+  assert round(b.fold(12) / 1e6, 2) == 4.34
+  assert round(b.rec_decode() / 1e6, 2) == 4.22

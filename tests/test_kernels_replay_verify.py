@@ -1,0 +1,282 @@
+"""Tests of kernels/replay_verify.py: the Pallas kernel, its reference, and a float64 oracle.
+
+The oracle shares no code with the module under test: in numpy float64 it steps the
+recorded history ``S <- exp(g_i) S + d_i k_hat_i^T`` from the checkpoint, then the window
+through the delta rule of DESIGN section 1 (own l2 norm and gates), token by token and
+head by head. The histories are built the way the recurrent path records them:
+`token_inputs` + `reference.delta_rule_step` in fp32, cast to the ring dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import HAS_GPU, TOLERANCE, rel_err
+from replayssm_jax import reference
+from replayssm_jax.kernels.backend import KernelTuning
+from replayssm_jax.kernels.recurrent import token_inputs
+from replayssm_jax.kernels.replay_verify import RING_NAMES, replay_verify, replay_verify_reference
+
+reference_jit = jax.jit(replay_verify_reference)
+gating_jit = jax.jit(reference.gdn_gating)
+l2_normalize_jit = jax.jit(reference.l2_normalize)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  B: int
+  T: int
+  L: int
+  H: int
+  HV: int
+  K: int
+  V: int
+  block_v: int
+  act: str = "float32"
+  ring: str = "float32"
+  precision: str = "default"  # the in-kernel dots on a GPU (the interpreter's are exact)
+  pad_row: int | None = None  # index of the padding row (slot -1), if any
+  why: str = ""
+
+  @property
+  def id(self):
+    return (f"B{self.B}-T{self.T}-L{self.L}-HV{self.HV}-H{self.H}-K{self.K}-V{self.V}"
+            f"-{self.act[0]}{self.ring[0]}-{self.precision}")
+
+  @property
+  def tol(self) -> float:
+    """conftest's bound for the coarser of the activation and ring dtypes."""
+    coarse = "bfloat16" if "bfloat16" in (self.act, self.ring) else "float32"
+    return TOLERANCE[(coarse, self.precision)]
+
+
+CASES = [
+    Case(4, 4, 16, 2, 4, 32, 32, 16, pad_row=3,
+         why="SGLang's default window and ring, two V-blocks, all write_pos kinds, a padding row"),
+    Case(2, 1, 2, 2, 2, 16, 16, 16, pad_row=1,
+         why="T=1 with the smallest ring, L=2T (GPU: the short L contraction is exact)"),
+    Case(3, 3, 16, 1, 4, 16, 32, 16, pad_row=1, why="T not a power of two, GQA 4"),
+    Case(2, 8, 16, 1, 2, 16, 16, 8, why="L=2T, T=8: the ring is exactly full after the window"),
+    Case(3, 2, 32, 2, 2, 32, 16, 16, precision="ieee", why="long ring, no GQA; exact dots"),
+    Case(4, 4, 16, 1, 4, 32, 32, 32, act="bfloat16", ring="bfloat16", pad_row=0,
+         why="activation-dtype rings (SGLang), GQA 4"),
+    Case(3, 3, 8, 2, 4, 16, 16, 16, act="bfloat16", pad_row=2,
+         why="fp32 records with bf16 activations, T=3"),
+    Case(4, 8, 32, 2, 4, 32, 16, 16, act="bfloat16", ring="bfloat16", pad_row=1,
+         why="T=8 against a long bf16 ring"),
+]
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+@jax.jit
+def history_records(S, k, v, a, b, A_log, dt_bias):
+  """``(d [B, L, HV, V], k_hat [B, L, H, K], g [B, L, HV])`` of L recurrent steps from S."""
+  r = v.shape[2] // k.shape[2]
+
+  def step(S, xs):
+    k_t, v_t, a_t, b_t = xs
+    _, k_hat, v_t, g, beta = token_inputs(k_t, k_t, v_t, a_t, b_t, A_log, dt_bias, 1.0)
+    S, d = reference.delta_rule_step(S, jnp.repeat(k_hat, r, axis=1), v_t, g, beta)
+    return S, (d, k_hat, g)
+
+  _, records = jax.lax.scan(step, S, tuple(jnp.moveaxis(x, 1, 0) for x in (k, v, a, b)))
+  return tuple(jnp.moveaxis(x, 0, 1) for x in records)
+
+
+def make_inputs(c: Case, seed: int = 0):
+  """Window inputs, cursors and rings whose history is real records, the rest random or NaN."""
+  rng = np.random.default_rng(seed)
+  act, ring_dt = jnp.dtype(c.act), jnp.dtype(c.ring)
+  slots, r = c.B + 2, c.HV // c.H
+  randn = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+  slot_ids = rng.permutation(slots)[:c.B].astype(np.int32)
+  valid_rows = [i for i in range(c.B) if i != c.pad_row]
+  write_pos = rng.integers(0, c.L, c.B).astype(np.int32)  # garbage on the padding row
+  for n, i in enumerate(valid_rows):  # the ring's edges first: full after the window, empty
+    write_pos[i] = [c.L - c.T, 0, (c.L - c.T) // 2][n % 3]
+  cache_base = rng.integers(0, c.L, c.B).astype(np.int32)
+  if c.pad_row is not None:
+    slot_ids[c.pad_row] = -1
+
+  ssm = 0.3 * randn(slots, c.HV, c.V, c.K)
+  A_log = np.log(rng.uniform(0.5, 2.0, c.HV)).astype(np.float32)
+  dt_bias = (randn(c.HV) - 1.5).astype(np.float32)  # moderate decays: a long history still counts
+  window = dict(q=randn(c.B, c.T, c.H, c.K), k=randn(c.B, c.T, c.H, c.K),
+                v=randn(c.B, c.T, c.HV, c.V), a=randn(c.B, c.T, c.HV), b=randn(c.B, c.T, c.HV))
+  window = {n: jnp.asarray(x, act) for n, x in window.items()}
+
+  # Random rings (float32 here, cast at the end), NaN wherever the verify must not look:
+  # the records of the rows' slots that are not history.
+  rings = dict(ring_d=randn(slots, c.HV, c.L, c.V), ring_k=randn(slots, c.H, c.L, c.K),
+               ring_g=-np.abs(randn(slots, c.HV, c.L)), ring_beta=randn(slots, c.HV, c.L),
+               ring_rawk=randn(slots, c.H, c.L, c.K), ring_rawv=randn(slots, c.HV, c.L, c.V))
+  for name in ("ring_d", "ring_k", "ring_g"):
+    rings[name][slot_ids[valid_rows]] = np.nan
+
+  # History records as the recurrent path makes them, from raw history tokens.
+  hk = jnp.asarray(randn(c.B, c.L, c.H, c.K), act)
+  hv, ha, hb = (jnp.asarray(x, act) for x in (randn(c.B, c.L, c.HV, c.V), randn(c.B, c.L, c.HV),
+                                               randn(c.B, c.L, c.HV)))
+  d, key_hat, g = history_records(jnp.asarray(ssm[np.maximum(slot_ids, 0)]), hk, hv, ha, hb,
+                                  jnp.asarray(A_log), jnp.asarray(dt_bias))
+  d, key_hat, g = np.asarray(d), np.asarray(key_hat), np.asarray(g)
+  for row in valid_rows:
+    phys = (cache_base[row] + np.arange(write_pos[row])) & (c.L - 1)
+    for name, records in (("ring_d", d), ("ring_k", key_hat), ("ring_g", g)):
+      rings[name][slot_ids[row]][:, phys] = np.swapaxes(records[row, :write_pos[row]], 0, 1)
+  dtypes = dict(ring_d=ring_dt, ring_k=ring_dt, ring_g=jnp.float32, ring_beta=jnp.float32,
+                ring_rawk=act, ring_rawv=act)
+  rings = {n: jnp.asarray(x, dtypes[n]) for n, x in rings.items()}
+  return dict(ssm=jnp.asarray(ssm), **rings, **window, A_log=jnp.asarray(A_log),
+              dt_bias=jnp.asarray(dt_bias), slot_ids=jnp.asarray(slot_ids),
+              write_pos=jnp.asarray(write_pos), cache_base=jnp.asarray(cache_base))
+
+
+# ----------------------------------------------------------------------------- the oracle
+
+
+def np_l2(x):
+  return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+def np_oracle(inp):
+  """float64 ``(o [B, T, HV, V], d [B, T, HV, V])``: history replayed, window stepped."""
+  f64 = {n: np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+         if jnp.issubdtype(x.dtype, jnp.floating) else np.asarray(x) for n, x in inp.items()}
+  B, T, H, K = f64["q"].shape
+  HV, V, L = f64["v"].shape[2], f64["v"].shape[3], f64["ring_g"].shape[-1]
+  g_win = -np.exp(f64["A_log"]) * np.logaddexp(0.0, f64["a"] + f64["dt_bias"])
+  beta_win = 1.0 / (1.0 + np.exp(-f64["b"]))
+  o, d_win = np.zeros((B, T, HV, V)), np.zeros((B, T, HV, V))
+  for row in range(B):
+    slot, wp, cb = f64["slot_ids"][row], f64["write_pos"][row], f64["cache_base"][row]
+    if slot < 0:
+      continue
+    for h in range(HV):
+      kh = h // (HV // H)
+      S = f64["ssm"][slot, h].copy()
+      for i in range(wp):
+        p = (cb + i) & (L - 1)
+        S = np.exp(f64["ring_g"][slot, h, p]) * S + np.outer(f64["ring_d"][slot, h, p],
+                                                             f64["ring_k"][slot, kh, p])
+      for s in range(T):
+        q_hat = np_l2(f64["q"][row, s, kh]) * K ** -0.5
+        k_hat = np_l2(f64["k"][row, s, kh])
+        S = np.exp(g_win[row, s, h]) * S
+        d = beta_win[row, s, h] * (f64["v"][row, s, h] - S @ k_hat)
+        S = S + np.outer(d, k_hat)
+        o[row, s, h], d_win[row, s, h] = S @ q_hat, d
+  return o, d_win
+
+
+def f32(x):
+  return np.asarray(jnp.asarray(x, jnp.float32))
+
+
+def bits(x):
+  """The raw bits of a float array: bitwise equality, NaN payloads and bfloat16 included."""
+  return np.asarray(x).view(f"uint{8 * np.asarray(x).dtype.itemsize}")
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+def test_replay_verify(c: Case, interpret):
+  """Kernel and reference against the oracle; every ring entry written exactly or untouched."""
+  inp = make_inputs(c)
+  kernel_out = replay_verify(**inp, tuning=KernelTuning(block_v=c.block_v),
+                             dot_precision=c.precision, interpret=interpret)
+  ref_out = reference_jit(**inp)
+  o_oracle, d_oracle = np_oracle(inp)
+  tol = c.tol
+  slot_ids, wp, cb = (np.asarray(inp[n]) for n in ("slot_ids", "write_pos", "cache_base"))
+  valid = slot_ids >= 0
+  phys = (cb[:, None] + wp[:, None] + np.arange(c.T)) & (c.L - 1)  # [B, T]
+
+  # Records the window must write, from the raw inputs and the shared arithmetic, compiled
+  # (eager `l2_normalize` differs by an ulp: XLA rewrites x / sqrt(y) as x * rsqrt(y)).
+  g, beta = gating_jit(inp["a"], inp["b"], inp["A_log"], inp["dt_bias"])
+  k_hat = l2_normalize_jit(inp["k"].astype(jnp.float32))
+  records = dict(ring_k=k_hat, ring_g=g, ring_beta=beta, ring_rawk=inp["k"], ring_rawv=inp["v"])
+
+  for name, (o, *rings) in (("kernel", kernel_out), ("reference", ref_out)):
+    assert o.dtype == inp["v"].dtype
+    assert rel_err(f32(o[valid]), o_oracle[valid]) <= tol, name
+    np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
+    for ring_name, ring in zip(RING_NAMES, rings):
+      assert ring.dtype == inp[ring_name].dtype and ring.shape == inp[ring_name].shape
+      expected = np.array(inp[ring_name])
+      got = np.asarray(ring)
+      for row in np.flatnonzero(valid):
+        slot = slot_ids[row]
+        if ring_name == "ring_d":  # solved: checked against the oracle, then taken as is
+          d = got[slot][:, phys[row]]  # [HV, T, V]
+          assert rel_err(f32(d), np.swapaxes(d_oracle[row], 0, 1)) <= tol, (name, row)
+          expected[slot][:, phys[row]] = d
+        else:
+          expected[slot][:, phys[row]] = np.asarray(
+              jnp.swapaxes(records[ring_name][row], 0, 1).astype(ring.dtype))
+      np.testing.assert_array_equal(bits(got), bits(expected), err_msg=f"{name} {ring_name}")
+
+  o_kernel, o_ref = kernel_out[0], ref_out[0]
+  assert rel_err(f32(o_kernel[valid]), f32(o_ref[valid])) <= tol
+
+
+def test_zero_history_matches_recurrent_window():
+  """write_pos = 0 everywhere: the outputs are those of `reference.verify_window` from ssm."""
+  c = dataclasses.replace(CASES[0], pad_row=None)  # the shapes of CASES[0]: no recompile
+  inp = make_inputs(c, seed=1)
+  inp["write_pos"] = jnp.zeros_like(inp["write_pos"])
+  o = replay_verify(**inp, tuning=KernelTuning(block_v=c.block_v), dot_precision="ieee",
+                    interpret=True)[0]
+  g, beta = reference.gdn_gating(inp["a"], inp["b"], inp["A_log"], inp["dt_bias"])
+  o_rec, _ = reference.verify_window(inp["q"], inp["k"], inp["v"], g, beta,
+                                     inp["ssm"][inp["slot_ids"]])
+  assert rel_err(o, o_rec) <= TOLERANCE[("float32", "ieee")]
+
+
+def _bad(inp, **changes):
+  return {**inp, **changes}
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda i: dict(ring_rawk=i["ring_rawk"].astype(jnp.float32)),
+     r"ring_rawk is float32.*expected bfloat16"),
+    (lambda i: dict(ring_d=i["ring_d"][:, :, :8]), r"ring_d is .*expected"),
+    (lambda i: dict(ring_k=i["ring_k"].astype(jnp.float32)),
+     r"ring_k is float32.*expected bfloat16"),
+    (lambda i: dict(write_pos=i["write_pos"].astype(jnp.float32)), r"write_pos is float32"),
+    (lambda i: dict(ssm=i["ssm"].astype(jnp.bfloat16)), r"ssm is bfloat16"),
+    (lambda i: {n: i[n][..., :12] for n in ("ring_g", "ring_beta")}
+     | {n: i[n][:, :, :12] for n in ("ring_d", "ring_k", "ring_rawk", "ring_rawv")},
+     r"L=12 must be a power of two"),
+], ids=["rawk-dtype", "ring_d-shape", "ring_k-dtype", "cursor-dtype", "ssm-dtype", "ring-len"])
+def test_validation(change, match):
+  inp = make_inputs(Case(2, 2, 16, 1, 2, 16, 16, 16, act="bfloat16", ring="bfloat16"))
+  for fn in (replay_verify, replay_verify_reference):
+    with pytest.raises(ValueError, match=match):
+      fn(**_bad(inp, **change(inp)), tuning=KernelTuning(block_v=16), dot_precision="ieee",
+         interpret=True)
+
+
+def test_knob_validation():
+  inp = make_inputs(Case(2, 2, 16, 1, 2, 16, 16, 16))
+  with pytest.raises(ValueError, match="dot_precision='fp64'"):
+    replay_verify(**inp, tuning=KernelTuning(block_v=16), dot_precision="fp64", interpret=True)
+  with pytest.raises(ValueError, match="block_v=12"):
+    replay_verify(**inp, tuning=KernelTuning(block_v=12), dot_precision="ieee", interpret=True)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the CPU refusal")
+def test_interpret_flag_reaches_pallas_call():
+  inp = make_inputs(Case(1, 1, 2, 1, 1, 16, 16, 16))
+  with pytest.raises(ValueError, match="interpret"):
+    replay_verify(**inp, tuning=KernelTuning(block_v=16), dot_precision="ieee", interpret=False)

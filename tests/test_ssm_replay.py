@@ -1,0 +1,248 @@
+"""ReplaySSM against the recurrent baseline, step by step, through random schedules.
+
+The committed state must not drift: whenever a fold has just run, the ReplaySSM
+checkpoint equals the recurrent path's committed state bitwise (same backend,
+same inputs; DESIGN section 4). Outputs agree within fp32 rounding on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from conftest import rel_err
+from replayssm_jax import GDNConfig, SpecConfig, ssm
+from replayssm_jax.kernels.backend import interpret_mode
+
+GDN = GDNConfig(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, hidden_size=32,
+                num_layers=1, num_gdn_layers=1)
+SLOTS = 6
+
+
+@dataclasses.dataclass
+class Pair:
+  """The same requests driven through the recurrent and the ReplaySSM cache."""
+
+  rec_spec: SpecConfig
+  rep_spec: SpecConfig
+  rec: object
+  rep: object
+  A_log: jax.Array
+  dt_bias: jax.Array
+  folds_checked: int = 0
+
+  @classmethod
+  def create(cls, T, L, backend, rng, gdn=GDN, dtype=jnp.float32):
+    rec_spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="recurrent", backend=backend)
+    rep_spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend=backend)
+    HV = gdn.num_v_heads
+    return cls(rec_spec, rep_spec, ssm.init(gdn, rec_spec, SLOTS, dtype=dtype),
+               ssm.init(gdn, rep_spec, SLOTS, dtype=dtype),
+               jnp.log(jnp.asarray(rng.uniform(0.01, 0.2, HV), jnp.float32)),
+               jnp.asarray(0.3 * rng.standard_normal(HV), jnp.float32))
+
+  def reset(self, slot_ids, rng):
+    S0 = jnp.asarray(0.3 * rng.standard_normal((len(slot_ids), *self.rec.ssm.shape[1:])), jnp.float32)
+    ids = jnp.asarray(slot_ids, jnp.int32)
+    self.rec = ssm.reset(self.rec, ids, S0, self.rec_spec)
+    self.rep = ssm.reset(self.rep, ids, S0, self.rep_spec)
+
+  def window(self, rng, B, T):
+    H, (_, HV, V, K) = self.rep.ring_k.shape[1], self.rec.ssm.shape
+    dtype = self.rep.ring_rawk.dtype
+    f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32).astype(dtype)
+    return f(B, T, H, K), f(B, T, H, K), f(B, T, HV, V), f(B, T, HV), f(B, T, HV)
+
+  def step(self, slot_ids, accepted, x, *, decode=False):
+    """One verify + commit (or decode) in both modes, with the invariants checked."""
+    ids = jnp.asarray(slot_ids, jnp.int32)
+    valid = np.asarray(slot_ids) >= 0
+    rows = np.asarray(slot_ids)[valid]
+    wp = np.asarray(self.rep.write_pos)[rows]
+    flush = np.asarray(self.rep.is_flush)[rows]
+    T = x[0].shape[1]
+    L = self.rep_spec.ring_len
+    # No window ever writes past the ring.
+    assert np.all(np.where(flush, 0, wp) + T <= L), (wp, flush, T, L)
+    rec_committed = np.asarray(self.rec.ssm)
+    if decode:
+      o_rec, self.rec = ssm.decode(self.rec, *x, self.A_log, self.dt_bias, ids, self.rec_spec)
+      o_rep, self.rep = ssm.decode(self.rep, *x, self.A_log, self.dt_bias, ids, self.rep_spec)
+    else:
+      o_rec, self.rec = ssm.verify(self.rec, *x, self.A_log, self.dt_bias, ids, self.rec_spec)
+      o_rep, self.rep = ssm.verify(self.rep, *x, self.A_log, self.dt_bias, ids, self.rep_spec)
+    # A fold has just run for the flush rows: its checkpoint is the recurrent committed state
+    # from before this step, bitwise.
+    folded = rows[flush & (wp > 0)]
+    np.testing.assert_array_equal(np.asarray(self.rep.ssm)[folded], rec_committed[folded])
+    self.folds_checked += len(folded)
+    assert rel_err(o_rep[valid], o_rec[valid]) < 1e-5
+    np.testing.assert_array_equal(np.asarray(o_rep)[~valid], 0)
+    if not decode:
+      acc = jnp.asarray(accepted, jnp.int32)
+      self.rec = ssm.commit(self.rec, ids, acc, self.rec_spec)
+      self.rep = ssm.commit(self.rep, ids, acc, self.rep_spec)
+    # The committed state (checkpoint + replayed history) tracks the recurrent one.
+    all_slots = jnp.arange(SLOTS, dtype=jnp.int32)
+    want = np.asarray(self.rec.ssm)
+    got = np.asarray(ssm.materialize(self.rep, all_slots, self.rep_spec))
+    assert rel_err(got, want) < 1e-6
+
+
+def _schedules(T, steps=200):
+  step = st.tuples(
+      st.lists(st.integers(-1, SLOTS - 1), min_size=4, max_size=4),  # rows' slots (-1: padding)
+      st.lists(st.integers(0, T), min_size=4, max_size=4),  # T - accepted per row
+      st.integers(0, 15),  # 15: reset the step's slots first (a new request)
+      st.booleans(),  # True: a plain decode step instead of a verify (when interleaving)
+  )
+  return st.tuples(st.integers(0, 2**31 - 1), st.lists(step, min_size=steps, max_size=steps))
+
+
+def _distinct(slots):
+  seen, out = set(), []
+  for s in slots:
+    out.append(-1 if s in seen or s < 0 else s)
+    seen.add(s)
+  return out
+
+
+def _run_schedule(T, L, backend, schedule, *, interleave):
+  seed, steps = schedule
+  rng = np.random.default_rng(seed)
+  pair = Pair.create(T, L, backend, rng)
+  pair.reset(list(range(SLOTS)), rng)
+  for slots, rejected, reset, decode in steps:
+    slots = _distinct(slots)
+    if reset == 15 and any(s >= 0 for s in slots):
+      pair.reset([s for s in slots if s >= 0], rng)
+    decode = decode and interleave
+    pair.step(slots, [T - r for r in rejected], pair.window(rng, len(slots), 1 if decode else T),
+              decode=decode)
+  assert pair.folds_checked > 0
+
+
+RINGS = [(1, 2), (2, 4), (2, 8), (4, 8), (4, 16), (8, 16), (4, 32), (8, 32)]
+# Minimal examples accept everything, so even the simplest schedule folds; no shrinking
+# (a failure prints its seed and schedule, which is enough to replay it).
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
+
+
+@pytest.mark.parametrize("T,L", RINGS, ids=[f"T{T}-L{L}" for T, L in RINGS])
+def test_schedule_bitwise_after_folds(T, L, backend):
+  """Verify/commit schedules: rows 1-4 of 4 with padding, accepted 0..T, resets; 200 steps."""
+  @settings(max_examples=2 if backend == "pallas" else 4, phases=NO_SHRINK)
+  @given(_schedules(T))
+  def run(schedule):
+    _run_schedule(T, L, backend, schedule, interleave=False)
+
+  run()
+
+
+INTERLEAVED = [(1, 2), (2, 4), (4, 16), (8, 16)]
+
+
+@pytest.mark.parametrize("T,L", INTERLEAVED, ids=[f"T{T}-L{L}" for T, L in INTERLEAVED])
+def test_decode_verify_interleaved(T, L, backend):
+  """Plain decode and speculative verify steps in any order, on one ring and cursor protocol."""
+  @settings(max_examples=2, phases=NO_SHRINK)
+  @given(_schedules(T, steps=300))
+  def run(schedule):
+    _run_schedule(T, L, backend, schedule, interleave=True)
+
+  run()
+
+
+def test_decode_only_4000_tokens_no_drift():
+  rng = np.random.default_rng(5)
+  T, L = 4, 16
+  pair = Pair.create(T, L, "xla", rng)
+  pair.reset([1, 4], rng)
+  for _ in range(4000):
+    pair.step([1, 4], None, pair.window(rng, 2, 1), decode=True)
+  assert pair.folds_checked >= 2 * (4000 // (L - 2 * T + 1))
+
+
+@pytest.mark.parametrize("T,L", [(4, 16), (2, 4)])
+def test_long_run_no_drift(T, L):
+  """4,000 verify steps of one request with random acceptance: bitwise after every fold."""
+  rng = np.random.default_rng(0)
+  pair = Pair.create(T, L, "xla", rng)
+  pair.reset([3], rng)
+  for _ in range(4000):
+    pair.step([3], [int(rng.integers(1, T + 1))], pair.window(rng, 1, T))
+  assert pair.folds_checked > 4000 // (L // T + 1)
+
+
+def test_ring_exactly_full_then_flush():
+  """wp reaches L - T (window fills the ring to the last record), then the next verify folds."""
+  rng = np.random.default_rng(1)
+  T, L = 4, 16
+  pair = Pair.create(T, L, "pallas", rng)
+  pair.reset([0, 1], rng)
+  for _ in range(3):  # accept all: wp 0 -> 4 -> 8 -> 12 = L - T, is_flush set
+    pair.step([0, 1], [T, T], pair.window(rng, 2, T))
+  assert list(np.asarray(pair.rep.write_pos)[:2]) == [12, 12]
+  assert np.asarray(pair.rep.is_flush)[:2].all()
+  pair.step([0, 1], [0, T], pair.window(rng, 2, T))  # the fold; row 0 then accepts nothing
+  assert pair.folds_checked == 2
+  assert list(np.asarray(pair.rep.write_pos)[:2]) == [0, T]
+
+
+def test_verify_twice_is_idempotent_across_a_fold():
+  rng = np.random.default_rng(2)
+  T, L = 2, 4
+  pair = Pair.create(T, L, "pallas", rng)
+  pair.reset([0], rng)
+  pair.step([0], [T], pair.window(rng, 1, T))  # wp = 2: is_flush (2 + 4 > 4)
+  x = pair.window(rng, 1, T)
+  ids = jnp.zeros(1, jnp.int32)
+  o1, pair.rep = ssm.verify(pair.rep, *x, pair.A_log, pair.dt_bias, ids, pair.rep_spec)
+  ssm1 = np.asarray(pair.rep.ssm)
+  o2, pair.rep = ssm.verify(pair.rep, *x, pair.A_log, pair.dt_bias, ids, pair.rep_spec)
+  np.testing.assert_array_equal(np.asarray(o1), np.asarray(o2))
+  np.testing.assert_array_equal(ssm1, np.asarray(pair.rep.ssm))
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "replayssm"])
+def test_jitted_steps_alias_the_cache(mode, backend):
+  """No full-buffer copy: the donated cache is aliased and temporaries stay per-row sized."""
+  if mode == "replayssm" and backend == "pallas" and interpret_mode():
+    pytest.skip("the Pallas interpreter carries every kernel operand through an XLA while loop "
+                "and copies the read-only ones; the compiled kernels are checked on the GPU")
+  spec = SpecConfig(draft_tokens=4, ring_len=16, verify_mode=mode, backend=backend)
+  slots = 256  # full buffers dwarf the per-row temporaries of a 3-row step
+  cache = ssm.init(GDN, spec, slots, dtype=jnp.float32)
+  B = 3
+  z = lambda *s: jnp.zeros(s, jnp.float32)
+  H, HV, K, V = 1, 2, 16, 16
+  window = (z(B, 4, H, K), z(B, 4, H, K), z(B, 4, HV, V), z(B, 4, HV), z(B, 4, HV), z(HV), z(HV))
+  ids = jnp.zeros(B, jnp.int32)
+  for compiled in (ssm.verify.lower(cache, *window, ids, spec).compile(),
+                   ssm.commit.lower(cache, ids, ids, spec).compile()):
+    stats = compiled.memory_analysis()
+    assert stats.alias_size_in_bytes == cache.nbytes
+    assert stats.temp_size_in_bytes < cache.ssm.nbytes // 4, stats.temp_size_in_bytes
+    copies = [line for line in compiled.as_text().splitlines()
+              if re.search(rf"= \w+\[{slots},", line) and " copy(" in line]
+    assert not copies, copies
+
+
+def test_retrace_free_steps():
+  """Steps with new values reuse one compiled verify and commit (shape-stable cache pytrees)."""
+  rng = np.random.default_rng(4)
+  pair = Pair.create(2, 8, "xla", rng)
+  pair.reset(list(range(SLOTS)), rng)
+  pair.step([0, 1], [2, 1], pair.window(rng, 2, 2))
+  sizes = ssm.verify._cache_size(), ssm.commit._cache_size()
+  for _ in range(5):
+    pair.step([int(s) for s in rng.permutation(SLOTS)[:2]], list(rng.integers(0, 3, 2)),
+              pair.window(rng, 2, 2))
+  assert (ssm.verify._cache_size(), ssm.commit._cache_size()) == sizes
