@@ -1,0 +1,1 @@
+"""Benchmarks: kernel/step timings against the copy-bandwidth roofline."""
