@@ -1,0 +1,127 @@
+"""Launch-parameter sweep of the GPU kernels at the anchor geometry (one process, one device call).
+
+- Replay verify (T = 4 at write_pos 8, and T = 1 for decode): block_v x num_warps, the
+  checkpoint applied by multiply-reduce or by a tensor-core dot.
+- Recurrent verify, recurrent decode and the exact fold, which must share their tuning: each
+  candidate is timed and checked for the bitwise equality the design rests on (a fold of 12
+  records written by the replay verify equals the recurrent verify's state after 12 tokens).
+
+    python -m replayssm_jax.bench.sweep --out sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replayssm_jax.bench import kernels as bench
+from replayssm_jax.bench.kernels import Bytes, _inputs, _replay_cache, _window
+from replayssm_jax.bench.timing import time_calls
+from replayssm_jax.config import SpecConfig
+from replayssm_jax.kernels import fold as fold_kernels
+from replayssm_jax.kernels import recurrent as recurrent_kernels
+from replayssm_jax.kernels import replay_verify as replay_kernels
+from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
+
+RINGS = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk", "ring_rawv")
+REPLAY = [KernelTuning(block_v=bv, num_warps=w, checkpoint_dot=dot)
+          for bv, w, dot in [(64, 2, True), (32, 2, False), (32, 4, False), (64, 2, False),
+                             (64, 4, False), (128, 4, False), (128, 8, False)]]
+STATE = [KernelTuning(block_v=bv, num_warps=w)
+         for bv, w in [(32, 4), (32, 1), (32, 2), (16, 1), (16, 2), (64, 4), (64, 8), (128, 8)]]
+
+
+def sweep_replay(gdn, B, T, wp, reps):
+  rng = np.random.default_rng(0)
+  spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
+  x = _inputs(rng, B, T, gdn)
+  slot_ids = jnp.arange(B, dtype=jnp.int32)
+  model = B * Bytes(gdn, T).rssm_verify(wp, T)
+  for tuning in REPLAY:
+    cache = _replay_cache(rng, gdn, spec, B, np.full(B, wp), np.zeros(B, bool))
+
+    def run(c, tuning=tuning):
+      _, *out = replay_kernels.replay_verify(
+          c.ssm, *(getattr(c, n) for n in RINGS), *_window(x), slot_ids, c.write_pos, c.cache_base,
+          tuning=tuning, dot_precision="default", interpret=interpret_mode())
+      return dataclasses.replace(c, **dict(zip(RINGS, out)))
+
+    t, _ = time_calls(jax.jit(run, donate_argnums=0), cache, reps=reps)
+    yield dict(kernel=f"replay_verify_T{T}", B=B, wp=wp, **dataclasses.asdict(tuning),
+               median_us=round(t.median_us, 1), tbps=round(model / t.median_us / 1e6, 3))
+
+
+def sweep_state(gdn, B, reps, n_fold=12):
+  """Recurrent verify/decode and the fold per tuning, with the fold's bitwise check."""
+  rng = np.random.default_rng(1)
+  T = 4
+  nbytes = Bytes(gdn, T)
+  slot_ids = jnp.arange(B, dtype=jnp.int32)
+  x, x1, x12 = _inputs(rng, B, T, gdn), _inputs(rng, B, 1, gdn), _inputs(rng, B, n_fold, gdn)
+  S0 = jnp.asarray(0.3 * rng.standard_normal((B, *gdn.state_shape), np.float32))
+  spec = SpecConfig(draft_tokens=n_fold, ring_len=32, verify_mode="replayssm")
+  interpret = interpret_mode()
+  for tuning in STATE:
+    row = dict(B=B, **dataclasses.asdict(tuning))
+    verify = jax.jit(lambda inter, tuning=tuning: recurrent_kernels.recurrent_verify(
+        S0, inter, *_window(x), slot_ids, tuning=tuning, interpret=interpret)[1], donate_argnums=0)
+    t, _ = time_calls(verify, jnp.zeros((B, T, *gdn.state_shape), jnp.float32), reps=reps)
+    row["rec_verify_us"] = round(t.median_us, 1)
+    decode = jax.jit(lambda s, tuning=tuning: recurrent_kernels.recurrent_decode(
+        s, *_window(x1), slot_ids, tuning=tuning, interpret=interpret)[1], donate_argnums=0)
+    t, _ = time_calls(decode, S0 + 0, reps=reps)
+    row["rec_decode_us"] = round(t.median_us, 1)
+
+    # Records of a 12-token window written by the replay verify (the real writer of g and
+    # beta), folded, against the recurrent verify's state after the same 12 tokens.
+    cache = _replay_cache(rng, gdn, spec, B, np.zeros(B), np.zeros(B, bool))
+    cache = dataclasses.replace(cache, ssm=S0 + 0)
+    _, *rings = replay_kernels.replay_verify(
+        cache.ssm, *(getattr(cache, n) for n in RINGS), *_window(x12), slot_ids, cache.write_pos,
+        cache.cache_base, tuning=KernelTuning.replay_default(gdn.head_v_dim, n_fold), dot_precision="default",
+        interpret=interpret)
+    rings = dict(zip(RINGS, rings))
+    count = jnp.full((B,), n_fold, jnp.int32)
+    fold = jax.jit(lambda s, tuning=tuning: fold_kernels.fold(
+        s, rings["ring_rawk"], rings["ring_rawv"], rings["ring_g"], rings["ring_beta"], slot_ids,
+        count, cache.cache_base, tuning=tuning, interpret=interpret), donate_argnums=0)
+    folded = fold(S0 + 0)
+    _, inter = recurrent_kernels.recurrent_verify(
+        S0, jnp.zeros((B, n_fold, *gdn.state_shape), jnp.float32), *_window(x12), slot_ids,
+        tuning=tuning, interpret=interpret)
+    row["fold_bitwise"] = bool(jnp.array_equal(folded, inter[:, -1]))
+    del inter
+    t, _ = time_calls(fold, folded, reps=reps)
+    row["fold_us"] = round(t.median_us, 1)
+    row["fold_tbps"] = round(B * nbytes.fold(n_fold) / t.median_us / 1e6, 3)
+    row["rec_verify_tbps"] = round(B * nbytes.rec_verify() / row["rec_verify_us"] / 1e6, 3)
+    yield row
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__)
+  p.add_argument("--batch", type=int, default=256)
+  p.add_argument("--reps", type=int, default=15)
+  p.add_argument("--out", default="sweep.json")
+  p.add_argument("--tiny", action="store_true", help="tiny geometry: a smoke run on CPU")
+  args = p.parse_args(argv)
+  gdn = bench.TINY if args.tiny else bench.GEOMETRY
+  rows = []
+  for gen in (sweep_replay(gdn, args.batch, 4, 8, args.reps),
+              sweep_replay(gdn, args.batch, 1, 8, args.reps), sweep_state(gdn, args.batch, args.reps)):
+    for row in gen:
+      rows.append(row)
+      print(json.dumps(row), flush=True)
+  with open(args.out, "w") as f:
+    json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, rows=rows), f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,67 @@
+"""Every Pallas kernel lowers through Triton for an H200, checked without a GPU.
+
+Interpret mode hides Triton's rules (power-of-two tensors, dot shapes, no unrolled loops);
+lowering against an abstract CUDA device runs JAX's Triton lowering and its checks. Triton's
+own PTX compile happens on the GPU (the `gpu`-marked tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh
+
+from replayssm_jax.kernels import fold, recurrent, replay_verify
+from replayssm_jax.kernels.backend import KernelTuning
+
+H, HV, K, V, SLOTS, B, L = 16, 32, 128, 128, 8, 4, 16
+ACT = jnp.bfloat16
+
+
+def lower(fn, *shapes):
+  mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
+      device_kind="NVIDIA H200", num_cores=None, platform="cuda"))
+  args = [jax.ShapeDtypeStruct(s, d) for s, d in shapes]
+  with jax.sharding.use_abstract_mesh(mesh):
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert "triton" in text.lower() or "__gpu$xla.gpu.triton" in text  # a Triton custom call
+  return text
+
+
+def window(T):
+  return [((B, T, H, K), ACT), ((B, T, H, K), ACT), ((B, T, HV, V), ACT), ((B, T, HV), ACT),
+          ((B, T, HV), ACT), ((HV,), jnp.float32), ((HV,), jnp.float32), ((B,), jnp.int32)]
+
+
+STATE = ((SLOTS, HV, V, K), jnp.float32)
+RINGS = [((SLOTS, HV, L, V), ACT), ((SLOTS, H, L, K), ACT), ((SLOTS, HV, L), jnp.float32),
+         ((SLOTS, HV, L), jnp.float32), ((SLOTS, H, L, K), ACT), ((SLOTS, HV, L, V), ACT)]
+TUNINGS = [KernelTuning(), KernelTuning(block_v=64, num_warps=2), KernelTuning(block_v=128, num_warps=8)]
+
+
+@pytest.mark.parametrize("tuning", TUNINGS, ids=str)
+@pytest.mark.parametrize("T", [1, 4])
+def test_recurrent_kernels_lower(T, tuning):
+  lower(functools.partial(recurrent.recurrent_verify, tuning=tuning, interpret=False),
+        STATE, ((SLOTS, T, HV, V, K), jnp.float32), *window(T))
+  lower(functools.partial(recurrent.recurrent_decode, tuning=tuning, interpret=False),
+        STATE, *window(1))
+
+
+@pytest.mark.parametrize("tuning", TUNINGS, ids=str)
+def test_fold_lowers(tuning):
+  lower(functools.partial(fold.fold, tuning=tuning, interpret=False), STATE, RINGS[4], RINGS[5],
+        RINGS[2], RINGS[3], ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32))
+
+
+@pytest.mark.parametrize("checkpoint_dot", [False, True])
+@pytest.mark.parametrize("T", [1, 3, 4, 8])
+def test_replay_verify_lowers(T, checkpoint_dot):
+  tuning = dataclasses.replace(KernelTuning.replay_default(V, T), checkpoint_dot=checkpoint_dot)
+  lower(functools.partial(replay_verify.replay_verify, tuning=tuning, dot_precision="default",
+                          interpret=False),
+        STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))
