@@ -1,7 +1,6 @@
 """Launch-parameter sweep of the GPU kernels at the anchor geometry (one process, one device call).
 
-- Replay verify (T = 4 at write_pos 8, and T = 1 for decode): block_v x num_warps, the
-  checkpoint applied by multiply-reduce or by a tensor-core dot.
+- Replay verify (T = 4 at write_pos 8, and T = 1 for decode): block_v x num_warps.
 - Recurrent verify, recurrent decode and the exact fold, which must share their tuning: each
   candidate is timed and checked for the bitwise equality the design rests on (a fold of 12
   records written by the replay verify equals the recurrent verify's state after 12 tokens).
@@ -30,9 +29,8 @@ from replayssm_jax.kernels import replay_verify as replay_kernels
 from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
 
 RINGS = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk", "ring_rawv")
-REPLAY = [KernelTuning(block_v=bv, num_warps=w, checkpoint_dot=dot)
-          for bv, w, dot in [(64, 2, True), (32, 2, False), (32, 4, False), (64, 2, False),
-                             (64, 4, False), (128, 4, False), (128, 8, False)]]
+REPLAY = [KernelTuning(block_v=bv, num_warps=w)
+          for bv, w in [(32, 2), (32, 4), (64, 2), (64, 4), (128, 4), (128, 8)]]
 STATE = [KernelTuning(block_v=bv, num_warps=w)
          for bv, w in [(32, 4), (32, 1), (32, 2), (16, 1), (16, 2), (64, 4), (64, 8), (128, 8)]]
 

@@ -38,14 +38,11 @@ class KernelTuning:
     block_v: BV, rows of the ``[BV, K]`` fp32 state tile one program owns.
     num_warps: warps per program (Triton).
     num_stages: software-pipelining stages (Triton).
-    checkpoint_dot: replay kernels only: apply the checkpoint tile to the window's
-      vectors with a tensor-core dot (True) or by multiply-reduce (False).
   """
 
   block_v: int = 32
   num_warps: int = 4
   num_stages: int = 2
-  checkpoint_dot: bool = False
 
   @classmethod
   def default_for(cls, gdn: GDNConfig) -> KernelTuning:

@@ -116,7 +116,6 @@ def _replay_verify_kernel(
     precision_k,
     precision_l,
     precision_t,
-    checkpoint_dot: bool,
 ):
   del ring_beta_ref, ring_rawk_ref, ring_rawv_ref  # written only, through the aliased outputs
   row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -172,19 +171,9 @@ def _replay_verify_kernel(
     k_hist = jnp.where(valid[:, None], ring_k_ref[slot, kh, :, :].astype(jnp.float32), 0.0)
 
     # [W_q; W_k] = exp(G_m) X S0^T + ((X K_hist^T) * w) D_hist              [2 T_pad, BV]
-    S0 = ssm_ref[slot, h, vs, :]  # [BV, K] f32
-    if checkpoint_dot:
-      S0X = dot_nt(X, S0, precision_k)
-    else:
-      # S0 x_r as multiply-reduce, one real row of X at a time, like the recurrent kernels: the
-      # tile stays in its load layout (a tensor-core dot would reshuffle all of it) and the
-      # products are exact fp32.
-      row_x = jax.lax.broadcasted_iota(jnp.int32, (2 * T_pad, 1), 0)
-      S0X = jnp.zeros((2 * T_pad, block_v), jnp.float32)
-      for r in [*range(T), *range(T_pad, T_pad + T)]:
-        x_r = jnp.sum(jnp.where(row_x == r, X, 0.0), axis=0)  # [K]
-        S0X = jnp.where(row_x == r, reference.state_apply(S0, x_r)[None, :], S0X)
-    W = jnp.exp(jnp.sum(g_hist)) * S0X
+    # A tensor-core dot beat multiply-reduce here (H200, B=256, T=4: 396 vs 736 us;
+    # benchmarks/NOTES.md run 2), even though it reshuffles the checkpoint tile.
+    W = jnp.exp(jnp.sum(g_hist)) * dot_nt(X, ssm_ref[slot, h, vs, :], precision_k)
     W = W + dot(dot_nt(X, k_hist, precision_k) * w[None, :], d_hist, precision_l)
     W_q, W_k = jnp.split(W, 2, axis=0)
     # [T_pad, T_pad]: q_hat_s . k_hat_j and k_hat_s . k_hat_j
@@ -266,7 +255,7 @@ def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
       _replay_verify_kernel, T=T, L=ring_g.shape[-1], gqa_ratio=HV // H, block_v=tuning.block_v,
       scale=K ** -0.5, precision_k=_mma(dot_precision, K, interpret),
       precision_l=_mma(dot_precision, ring_g.shape[-1], interpret),
-      precision_t=_mma("ieee", T, interpret), checkpoint_dot=tuning.checkpoint_dot)
+      precision_t=_mma("ieee", T, interpret))
   inputs = dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, v=v,
                 a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm, ring_d=ring_d, ring_k=ring_k,
                 ring_g=ring_g, ring_beta=ring_beta, ring_rawk=ring_rawk, ring_rawv=ring_rawv)
