@@ -1,0 +1,72 @@
+"""Markdown tables from a benchmark results file (`replayssm_jax.bench.kernels`).
+
+    python -m replayssm_jax.bench.report benchmarks/results_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+# SGLang's Triton kernels on the same H200 (shared/research/anchor-bench.md), median us.
+ANCHOR_US = {
+    "rec_verify": {1: 15.9, 16: 54.3, 64: 189.0, 256: 704.0, 512: 1390.3},
+    "rssm_verify": {1: 14.5, 16: 29.2, 64: 78.6, 256: 265.4, 512: 499.2},
+    "exact_fold": {1: 38.7, 16: 88.8, 64: 253.5, 256: 843.8, 512: 1629.0},
+    "rssm_step_mixed": {1: 48.8, 16: 77.0, 64: 214.0, 256: 732.4, 512: 1377.7},
+    "rec_decode": {1: 9.6, 16: 27.5, 64: 83.2, 256: 294.5, 512: 575.9},
+}
+
+
+def _label(row) -> str:
+  if row["kernel"] == "rssm_decode_cycle":
+    return f"rssm_decode_cycle L={row['L']} (per step)"
+  if row["wp"] > 0:
+    return f"{row['kernel']} (wp={row['wp']})"
+  return row["kernel"]
+
+
+def kernel_table(result: dict) -> str:
+  """One row per (path, B): median, p20-p80, minimal bytes, TB/s, % of copy, anchor."""
+  lines = ["| B | path | median us | p20-p80 us | min MB | TB/s | % copy | SGLang anchor us |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|"]
+  for row in result["rows"]:
+    anchor = ANCHOR_US.get(row["kernel"], {}).get(row["B"])
+    lines.append(
+        f"| {row['B']} | {_label(row)} | {row['median_us']:.1f} | {row['p20_us']:.1f}-{row['p80_us']:.1f} "
+        f"| {row['min_bytes'] / 1e6:.2f} | {row['tbps']:.2f} | {row['pct_copy']:.1f} "
+        f"| {'' if anchor is None else f'{anchor:.1f}'} |")
+  return "\n".join(lines)
+
+
+def summary_table(result: dict) -> str:
+  """The ratios the issues set targets on, per B."""
+  by = {(r["kernel"], r["B"], r["L"]): r["median_us"] for r in result["rows"]}
+  lines = ["| B | rec verify + commit us | mixed ReplaySSM step us | speed-up | rec decode us "
+           "| ReplaySSM decode (L=16 cycle) us | speed-up |",
+           "|---:|---:|---:|---:|---:|---:|---:|"]
+  for B in sorted({r["B"] for r in result["rows"]}):
+    rec = by[("rec_verify", B, 0)] + by[("rec_commit", B, 0)]
+    mixed = by[("rssm_step_mixed", B, 16)]
+    dec, cyc = by[("rec_decode", B, 0)], by[("rssm_decode_cycle", B, 16)]
+    lines.append(f"| {B} | {rec:.1f} | {mixed:.1f} | {rec / mixed:.2f}x | {dec:.1f} | {cyc:.1f} "
+                 f"| {dec / cyc:.2f}x |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__)
+  p.add_argument("results")
+  args = p.parse_args(argv)
+  with open(args.results) as f:
+    result = json.load(f)
+  print(f"{result['device']}, jax {result['jax']}, {result['date']}; copy ceiling "
+        f"{result['copy_tbps']:.2f} TB/s; timing: {result['copy_method']}\n")
+  print(summary_table(result) + "\n")
+  print(kernel_table(result))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
