@@ -23,6 +23,30 @@ Inputs are post-conv and pre-norm: q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``,
 a, b ``[B, T, HV]`` in the activation dtype, A_log and dt_bias ``f32[HV]``;
 ``slot_ids`` ``int32[B]`` with -1 for padding rows (zero output, no write).
 Slot ids of one batch must be distinct.
+
+Example: two requests, a verify of 4 draft tokens, accept 3 and 1 of them.
+
+>>> import jax, jax.numpy as jnp
+>>> from replayssm_jax import GDNConfig, SpecConfig, ssm
+>>> gdn = GDNConfig(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16,
+...                 hidden_size=32, num_layers=1, num_gdn_layers=1)
+>>> spec = SpecConfig(draft_tokens=4, ring_len=8, verify_mode="replayssm")
+>>> cache = ssm.init(gdn, spec, num_slots=4, dtype=jnp.float32)
+>>> slot_ids = jnp.array([2, 0], jnp.int32)
+>>> cache = ssm.reset(cache, slot_ids, jnp.zeros((2, 2, 16, 16)), spec)
+>>> keys = jax.random.split(jax.random.key(0), 5)
+>>> q, k = (jax.random.normal(keys[i], (2, 4, 1, 16)) for i in (0, 1))
+>>> v = jax.random.normal(keys[2], (2, 4, 2, 16))
+>>> a, b = (jax.random.normal(keys[i], (2, 4, 2)) for i in (3, 4))
+>>> A_log, dt_bias = jnp.zeros(2), jnp.zeros(2)
+>>> o, cache = ssm.verify(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec)
+>>> o.shape
+(2, 4, 2, 16)
+>>> cache = ssm.commit(cache, slot_ids, jnp.array([3, 1], jnp.int32), spec)
+>>> cache.write_pos[slot_ids].tolist()
+[3, 1]
+>>> ssm.materialize(cache, slot_ids, spec).shape
+(2, 2, 16, 16)
 """
 
 from __future__ import annotations
