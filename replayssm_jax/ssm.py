@@ -127,7 +127,7 @@ def _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, T: int, what: st
 
 
 def _tuning(cache, tuning: KernelTuning | None) -> KernelTuning:
-  return tuning or KernelTuning(block_v=min(32, cache.ssm.shape[2]))
+  return tuning or KernelTuning.state_default(cache.ssm.shape[2])
 
 
 def _replay_tuning(cache, T: int, tuning: KernelTuning | None) -> KernelTuning:

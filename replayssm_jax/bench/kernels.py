@@ -150,7 +150,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
                 decode_rings=(8, 16, 32)):
   """All paths at batch size ``B``; yields (name, wp, L, timing, bytes)."""
   rng = np.random.default_rng(B)
-  tuning = KernelTuning.default_for(gdn)
+  tuning = KernelTuning.state_default(gdn.head_v_dim)
   interpret = interpret_mode()
   nbytes = Bytes(gdn, T)
   slot_ids = jnp.arange(B, dtype=jnp.int32)

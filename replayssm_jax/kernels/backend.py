@@ -15,7 +15,6 @@ import dataclasses
 import jax
 from jax.experimental.pallas import triton as pltriton
 
-from replayssm_jax.config import GDNConfig
 
 
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
@@ -45,9 +44,13 @@ class KernelTuning:
   num_stages: int = 2
 
   @classmethod
-  def default_for(cls, gdn: GDNConfig) -> KernelTuning:
-    # A [32, 128] fp32 tile is 16 KiB: 32 registers a thread at 4 warps.
-    return cls(block_v=min(32, gdn.head_v_dim))
+  def state_default(cls, V: int) -> KernelTuning:
+    """Launch parameters of the recurrent kernels and the exact fold.
+
+    A [32, 128] fp32 tile is 16 KiB: 32 registers a thread at 4 warps. H200, 2026-11-29,
+    B=256, HV=32, K=V=128: recurrent verify 775 us (82% of copy), fold of 12 records 895 us.
+    """
+    return cls(block_v=min(32, V))
 
   @classmethod
   def replay_default(cls, V: int, T: int) -> KernelTuning:
