@@ -4,6 +4,7 @@ Subcommands:
 
 - ``memory``: GDN cache memory of a preset model, recurrent verify against
   ReplaySSM (`replayssm_jax.memory`).
+- ``generate``: generate text with speculative decoding (`replayssm_jax.engine`).
 
 Every invalid argument ends in an argparse error (usage, message, exit code 2),
 never a traceback; the messages of `config` validation pass through unchanged.
@@ -64,6 +65,132 @@ def _add_memory(subparsers) -> None:
   p.set_defaults(handler=_cmd_memory, subparser=p)
 
 
+# `generate` imports the engine (and with it the models and Flax) only when it runs, so
+# that `memory` starts fast.
+
+
+def _load_drafter(spec: str):
+  """``"ngram"`` or ``"model:PATH_OR_NAME"`` -> a drafter; ValueError otherwise."""
+  from replayssm_jax.engine import ModelDrafter, NgramDrafter, load_model
+
+  if spec == "ngram":
+    return NgramDrafter()
+  if spec.startswith("model:") and len(spec) > len("model:"):
+    draft_model, _, _ = load_model(spec[len("model:"):])
+    return ModelDrafter(draft_model)
+  raise ValueError(f"--drafter {spec!r} is unknown; use ngram, model:PATH (an HF folder or "
+                   "tiny-random[:SEED]) or none.")
+
+
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+  prompts = list(args.prompt or [])
+  if args.prompt_file:
+    with open(args.prompt_file, encoding="utf-8") as f:
+      prompts.append(f.read().rstrip("\n"))
+  return prompts
+
+
+def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+  """Generate a continuation of every prompt; print the texts (or JSON) and the metrics."""
+  from replayssm_jax.engine import Engine, load_model
+
+  try:
+    prompts = _read_prompts(args)
+  except OSError as e:
+    parser.error(f"--prompt-file: {e}")
+  if not prompts:
+    parser.error("give at least one --prompt or a --prompt-file")
+  drafter_name = args.drafter or ("none" if args.spec_mode == "off" else "ngram")
+  if args.spec_mode == "off" and drafter_name != "none":
+    parser.error(f"--drafter {drafter_name} needs --spec-mode recurrent or replayssm")
+  if args.spec_mode != "off" and drafter_name == "none":
+    parser.error(f"--spec-mode {args.spec_mode} needs a drafter (ngram or model:PATH)")
+  try:
+    model, tokenizer, stops = load_model(args.model)
+    drafter = None if drafter_name == "none" else _load_drafter(drafter_name)
+    encoded = [tokenizer.encode(p) for p in prompts]
+    T = 1 if args.spec_mode == "off" else args.draft_tokens
+    max_len = args.max_len or max(map(len, encoded)) + args.max_new_tokens + T
+    engine = Engine(model, spec_mode=args.spec_mode, drafter=drafter,
+                    num_slots=args.slots or len(prompts), max_len=max_len,
+                    draft_tokens=args.draft_tokens, ring_len=args.ring_len,
+                    batch_buckets=(args.slots or len(prompts),))
+    stop_tokens = stops if args.stop_token is None else args.stop_token
+    ids = [engine.add_request(tokens, max_new_tokens=args.max_new_tokens, stop_tokens=stop_tokens,
+                              temperature=args.temperature, top_p=args.top_p, seed=args.seed + i)
+           for i, tokens in enumerate(encoded)]
+  except (ValueError, OSError) as e:
+    parser.error(str(e))
+  engine.run_until_done()
+  outputs = []
+  for prompt, tokens, rid in zip(prompts, encoded, ids):
+    request = engine.request(rid)
+    outputs.append({"prompt": prompt, "prompt_tokens": tokens, "tokens": request.output,
+                    "text": tokenizer.decode(request.output),
+                    "finish_reason": request.finish_reason})
+  metrics = engine.metrics.to_json()
+  if args.json:
+    print(json.dumps({
+        "model": args.model, "spec_mode": args.spec_mode, "drafter": drafter_name,
+        "draft_tokens": engine.draft_tokens, "ring_len": engine.ring_len,
+        "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
+        "tokenizer": getattr(tokenizer, "name", type(tokenizer).__name__),
+        "outputs": outputs, "metrics": metrics}, indent=2))
+  else:
+    for out in outputs:
+      print(f"{out['prompt']}{out['text']}")
+    print(f"[{metrics['generated_tokens']} tokens, {metrics['steps']} steps, "
+          f"{metrics['tokens_per_s']:.1f} tokens/s, acceptance {metrics['acceptance_rate']:.2f}, "
+          f"mean accepted {metrics['mean_accepted_length']:.2f}]", file=sys.stderr)
+  return 0
+
+
+def _positive_int(text: str) -> int:
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+  return value
+
+
+def _add_generate(subparsers) -> None:
+  p = subparsers.add_parser(
+      "generate", help="generate text with speculative decoding",
+      description="Generate a continuation of each prompt with a hybrid GDN model, plain or "
+                  "speculative (recurrent or ReplaySSM verify). Greedy and seeded sampled "
+                  "generations give the same tokens in every mode.")
+  p.add_argument("--model", required=True, metavar="PATH_OR_NAME",
+                 help="an HF Qwen3.5 / Qwen3-Next folder, or tiny-random[:SEED] (a small random "
+                      "model over UTF-8 bytes)")
+  p.add_argument("--prompt", action="append", metavar="TEXT",
+                 help="a prompt (repeat for a batch)")
+  p.add_argument("--prompt-file", metavar="F", help="a file whose text is one more prompt")
+  p.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N",
+                 help="tokens to generate per prompt (default 64)")
+  p.add_argument("--spec-mode", choices=("off", "recurrent", "replayssm"), default="off",
+                 help="speculative decoding: off, or the target's verify mode (default off)")
+  p.add_argument("--drafter", metavar="ngram|model:PATH|none",
+                 help="who drafts: prompt-lookup n-grams, a draft model (HF folder or "
+                      "tiny-random[:SEED]), or none (default: ngram with speculation, else none)")
+  p.add_argument("--draft-tokens", type=_positive_int, default=4, metavar="T",
+                 help="verify window T, including the last committed token (default 4)")
+  p.add_argument("--ring-len", type=_positive_int, default=None, metavar="L",
+                 help="ReplaySSM ring length, a power of two >= 2T (default: the smallest)")
+  p.add_argument("--temperature", type=float, default=0.0, metavar="X",
+                 help="0 for greedy (default), else the sampling temperature")
+  p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus (default 1)")
+  p.add_argument("--seed", type=int, default=0, metavar="S",
+                 help="sampling seed; prompt i uses S + i (default 0)")
+  p.add_argument("--stop-token", type=int, action="append", metavar="ID",
+                 help="a token id that ends a generation (repeatable; default: the model's EOS)")
+  p.add_argument("--slots", type=_positive_int, default=None, metavar="N",
+                 help="concurrent requests (default: one per prompt)")
+  p.add_argument("--max-len", type=_positive_int, default=None, metavar="N",
+                 help="positions per slot (default: longest prompt + max-new-tokens + T)")
+  p.add_argument("--json", action="store_true",
+                 help="print JSON: token ids, text and metrics of every prompt")
+  p.set_defaults(handler=_cmd_generate, subparser=p)
+
+
 def build_parser() -> argparse.ArgumentParser:
   """The top-level parser with every subcommand."""
   parser = argparse.ArgumentParser(
@@ -72,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
   subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
   _add_memory(subparsers)
+  _add_generate(subparsers)
   return parser
 
 
