@@ -15,10 +15,10 @@ Use Python 3.11, where ``pip install torch==2.13.0`` takes a local CPU build,
 and keep triton and fla out of that environment (with both importable,
 transformers sends GDN to fla's Triton kernels, which fail on a CPU)::
 
-    python3.11 -m venv /work/hfvenv
-    /work/hfvenv/bin/pip install torch==2.13.0
-    /work/hfvenv/bin/pip install "transformers>=5.2" safetensors numpy
-    cd <repo root> && /work/hfvenv/bin/python tools/make_hf_fixtures.py
+    python3.11 -m venv .hfvenv
+    .hfvenv/bin/pip install torch==2.13.0
+    .hfvenv/bin/pip install "transformers>=5.2" safetensors numpy
+    cd <repo root> && .hfvenv/bin/python tools/make_hf_fixtures.py
 
 It takes a few seconds on a CPU. Whatever is installed, the script replaces the
 kernel-hub / fla wrappers of the four GDN functions with the torch functions

@@ -12,7 +12,7 @@ How to run it
 Same environment as ``tools/make_hf_fixtures.py`` (Python 3.11, torch 2.13 CPU,
 transformers >= 5.2, no triton/fla)::
 
-    cd <repo root> && /work/hfvenv/bin/python tools/make_hf_model_fixtures.py
+    cd <repo root> && .hfvenv/bin/python tools/make_hf_model_fixtures.py
 
 It takes a few seconds on a CPU and replaces the kernel-hub / fla wrappers of
 the GDN functions with the torch functions they wrap, as the other script does.
