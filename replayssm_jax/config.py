@@ -22,14 +22,15 @@ DotPrecision = Literal["default", "tf32", "bf16", "ieee"]
 _LAYOUTS = ("qwen3_next", "qwen3_5")
 _VERIFY_MODES = ("recurrent", "replayssm")
 _BACKENDS = ("xla", "pallas", "triton")
-_DOT_PRECISIONS = ("default", "tf32", "bf16", "ieee")
+DOT_PRECISIONS = ("default", "tf32", "bf16", "ieee")
 
 
 def _is_power_of_two(n: int) -> bool:
   return n >= 1 and (n & (n - 1)) == 0
 
 
-def _next_power_of_two(n: int) -> int:
+def next_power_of_two(n: int) -> int:
+  """The smallest power of two >= n (1 for n <= 1)."""
   return 1 << max(0, (n - 1).bit_length())
 
 
@@ -194,15 +195,15 @@ class SpecConfig:
                        f"use one of {_VERIFY_MODES}.")
     if self.backend not in _BACKENDS:
       raise ValueError(f"SpecConfig.backend={self.backend!r} is unknown; use one of {_BACKENDS}.")
-    if self.dot_precision not in _DOT_PRECISIONS:
+    if self.dot_precision not in DOT_PRECISIONS:
       raise ValueError(f"SpecConfig.dot_precision={self.dot_precision!r} is unknown; "
-                       f"use one of {_DOT_PRECISIONS}.")
+                       f"use one of {DOT_PRECISIONS}.")
     if not isinstance(self.topk, int) or self.topk < 1:
       raise ValueError(f"SpecConfig.topk={self.topk!r} must be an integer >= 1.")
     if not isinstance(L, int) or not _is_power_of_two(L):
-      fix = _next_power_of_two(L) if isinstance(L, int) and L > 0 else max(2, _next_power_of_two(2 * T))
+      fix = next_power_of_two(L) if isinstance(L, int) and L > 0 else max(2, next_power_of_two(2 * T))
       if self.verify_mode == "replayssm":
-        fix = max(fix, _next_power_of_two(2 * T))  # the fix must also pass the L >= 2T check
+        fix = max(fix, next_power_of_two(2 * T))  # the fix must also pass the L >= 2T check
       raise ValueError(f"SpecConfig.ring_len={L!r} must be a power of two; try ring_len={fix}.")
     # Dtypes are normalised so that configs compare and hash by value.
     object.__setattr__(self, "ssm_dtype", jnp.dtype(self.ssm_dtype))
@@ -213,7 +214,7 @@ class SpecConfig:
         raise ValueError(
             f"SpecConfig.ring_len={L} must be >= 2 * draft_tokens = {2 * T} with replayssm "
             f"(a verify window must fit after the longest committed history); "
-            f"try ring_len={_next_power_of_two(2 * T)}.")
+            f"try ring_len={next_power_of_two(2 * T)}.")
       if self.topk > 1:
         raise ValueError(
             f"SpecConfig.topk={self.topk} is not supported with verify_mode='replayssm' "

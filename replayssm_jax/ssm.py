@@ -214,8 +214,7 @@ def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, 
   o, *rings = verify(cache.ssm, cache.ring_d, cache.ring_k, cache.ring_g, cache.ring_beta,
                      cache.ring_rawk, cache.ring_rawv, q, k, v, a, b, A_log, dt_bias, slot_ids,
                      write_pos, cache_base, tuning=tuning, dot_precision=spec.dot_precision)
-  names = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk", "ring_rawv")
-  return o, dataclasses.replace(cache, **dict(zip(names, rings)))
+  return o, dataclasses.replace(cache, **dict(zip(replay_kernels.RING_NAMES, rings)))
 
 
 _step_jit = functools.partial(jax.jit, static_argnames=("spec", "tuning", "replay_tuning"),

@@ -177,7 +177,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   # ReplaySSM kernels alone.
   spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend="pallas")
   cache = _replay_cache(rng, gdn, spec, B, np.full(B, 8), np.zeros(B, bool))
-  rings = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk", "ring_rawv")
+  rings = replay_kernels.RING_NAMES
 
   def replay_only(c):
     _, *out = replay_kernels.replay_verify(

@@ -28,7 +28,7 @@ from replayssm_jax.kernels import recurrent as recurrent_kernels
 from replayssm_jax.kernels import replay_verify as replay_kernels
 from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
 
-RINGS = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk", "ring_rawv")
+RINGS = replay_kernels.RING_NAMES
 REPLAY = [KernelTuning(block_v=bv, num_warps=w)
           for bv, w in [(32, 2), (32, 4), (64, 2), (64, 4), (128, 4), (128, 8)]]
 STATE = [KernelTuning(block_v=bv, num_warps=w)

@@ -53,19 +53,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
+from replayssm_jax.config import DOT_PRECISIONS, next_power_of_two
 from replayssm_jax.kernels.backend import KernelTuning, dot_algorithm
 from replayssm_jax.kernels.recurrent import token_inputs
 
 RING_NAMES = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk", "ring_rawv")
 RING_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
-DOT_PRECISIONS = ("default", "tf32", "bf16", "ieee")
 # The (I + A) inverse is unrolled T - 1 times; the [2 T, K] window tile lives in registers
 # (H200: T=8 ran in 546 us at B=256, T=16 in 8.6 ms, spilling).
 MAX_DRAFT_TOKENS = 16
-
-
-def _next_power_of_2(n: int) -> int:
-  return 1 << (n - 1).bit_length()
 
 
 def _mma(dot_precision: str, contraction: int, interpret: bool):
@@ -123,7 +119,7 @@ def _replay_verify_kernel(
   kh = h // gqa_ratio
   vs = pl.ds(j * block_v, block_v)
   K = q_ref.shape[-1]
-  T_pad = _next_power_of_2(T)
+  T_pad = next_power_of_two(T)
   tok = jax.lax.broadcasted_iota(jnp.int32, (T_pad,), 0)
   in_window = tok < T  # the rows past T pad the window to a power of two
   rows_v = (tok[:, None], j * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1))
@@ -242,7 +238,7 @@ def _check_inputs(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
     raise ValueError(f"ring_d dtype {ring.name} must be bfloat16 or float32.")
   if L < T or L & (L - 1):
     raise ValueError(f"ring length L={L} must be a power of two >= T={T}; "
-                     f"try L={_next_power_of_2(2 * T)}.")
+                     f"try L={next_power_of_two(2 * T)}.")
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "dot_precision", "interpret"))
