@@ -20,7 +20,8 @@ from conftest import HAS_GPU, TOLERANCE, rel_err
 from replayssm_jax import reference
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.recurrent import token_inputs
-from replayssm_jax.kernels.replay_verify import RING_NAMES, replay_verify, replay_verify_reference
+from replayssm_jax.kernels.replay_verify import (FORMS, RING_NAMES, replay_verify,
+                                                 replay_verify_reference)
 
 reference_jit = jax.jit(replay_verify_reference)
 gating_jit = jax.jit(reference.gdn_gating)
@@ -188,12 +189,13 @@ def bits(x):
 # ----------------------------------------------------------------------------- tests
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
-def test_replay_verify(c: Case, interpret):
+def test_replay_verify(c: Case, form, interpret):
   """Kernel and reference against the oracle; every ring entry written exactly or untouched."""
   inp = make_inputs(c)
   kernel_out = replay_verify(**inp, tuning=KernelTuning(block_v=c.block_v),
-                             dot_precision=c.precision, interpret=interpret)
+                             dot_precision=c.precision, interpret=interpret, form=form)
   ref_out = reference_jit(**inp)
   o_oracle, d_oracle = np_oracle(inp)
   tol = c.tol

@@ -51,15 +51,17 @@ def test_recurrent_kernels_lower(T, tuning):
         STATE, *window(1))
 
 
+@pytest.mark.parametrize("schedule", fold.FOLD_SCHEDULES)
 @pytest.mark.parametrize("tuning", TUNINGS, ids=str)
-def test_fold_lowers(tuning):
-  lower(functools.partial(fold.fold, tuning=tuning, interpret=False), STATE, RINGS[4], RINGS[5],
+def test_fold_lowers(tuning, schedule):
+  lower(functools.partial(fold.fold, tuning=tuning, interpret=False, schedule=schedule), STATE, RINGS[4], RINGS[5],
         RINGS[2], RINGS[3], ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32))
 
 
+@pytest.mark.parametrize("form", replay_verify.FORMS)
 @pytest.mark.parametrize("T", [1, 3, 4, 8])
-def test_replay_verify_lowers(T):
+def test_replay_verify_lowers(T, form):
   tuning = KernelTuning.replay_default(V, T)
   lower(functools.partial(replay_verify.replay_verify, tuning=tuning, dot_precision="default",
-                          interpret=False),
+                          interpret=False, form=form),
         STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))

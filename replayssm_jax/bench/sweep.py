@@ -1,6 +1,6 @@
 """Launch-parameter sweep of the GPU kernels at the anchor geometry (one process, one device call).
 
-- Replay verify (T = 4 at write_pos 8, and T = 1 for decode): block_v x num_warps.
+- Replay verify (T = 4 at write_pos 8, and T = 1 for decode): form x block_v x num_warps.
 - Recurrent verify, recurrent decode and the exact fold, which must share their tuning: each
   candidate is timed and checked for the bitwise equality the design rests on (a fold of 12
   records written by the replay verify equals the recurrent verify's state after 12 tokens).
@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +31,9 @@ from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
 
 RINGS = replay_kernels.RING_NAMES
 REPLAY = [KernelTuning(block_v=bv, num_warps=w)
-          for bv, w in [(32, 2), (32, 4), (64, 2), (64, 4), (128, 4), (128, 8)]]
+          for bv, w in [(16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4), (128, 4), (128, 8)]]
 STATE = [KernelTuning(block_v=bv, num_warps=w)
-         for bv, w in [(32, 4), (32, 1), (32, 2), (16, 1), (16, 2), (64, 4), (64, 8), (128, 8)]]
+         for bv, w in [(32, 4), (32, 2), (16, 1), (16, 2), (64, 4), (64, 8)]]
 
 
 def sweep_replay(gdn, B, T, wp, reps):
@@ -41,21 +42,28 @@ def sweep_replay(gdn, B, T, wp, reps):
   x = _inputs(rng, B, T, gdn)
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   model = B * Bytes(gdn, T).rssm_verify(wp, T)
-  for tuning in REPLAY:
-    cache = _replay_cache(rng, gdn, spec, B, np.full(B, wp), np.zeros(B, bool))
+  for form in replay_kernels.FORMS:
+    for tuning in (t for t in REPLAY if t.block_v <= gdn.head_v_dim):
+      cache = _replay_cache(rng, gdn, spec, B, np.full(B, wp), np.zeros(B, bool))
 
-    def run(c, tuning=tuning):
-      _, *out = replay_kernels.replay_verify(
-          c.ssm, *(getattr(c, n) for n in RINGS), *_window(x), slot_ids, c.write_pos, c.cache_base,
-          tuning=tuning, dot_precision="default", interpret=interpret_mode())
-      return dataclasses.replace(c, **dict(zip(RINGS, out)))
+      def run(c, tuning=tuning, form=form):
+        _, *out = replay_kernels.replay_verify(
+            c.ssm, *(getattr(c, n) for n in RINGS), *_window(x), slot_ids, c.write_pos,
+            c.cache_base, tuning=tuning, dot_precision="default", interpret=interpret_mode(),
+            form=form)
+        return dataclasses.replace(c, **dict(zip(RINGS, out)))
 
-    t, _ = time_calls(jax.jit(run, donate_argnums=0), cache, reps=reps)
-    yield dict(kernel=f"replay_verify_T{T}", B=B, wp=wp, **dataclasses.asdict(tuning),
-               median_us=round(t.median_us, 1), tbps=round(model / t.median_us / 1e6, 3))
+      try:
+        t, _ = time_calls(jax.jit(run, donate_argnums=0), cache, reps=reps)
+      except Exception as e:  # a launch shape Triton rejects (registers, shared memory)
+        yield dict(kernel=f"replay_verify_{form}_T{T}", B=B, wp=wp, **dataclasses.asdict(tuning),
+                   error=f"{type(e).__name__}: {str(e)[:200]}")
+        continue
+      yield dict(kernel=f"replay_verify_{form}_T{T}", B=B, wp=wp, **dataclasses.asdict(tuning),
+                 median_us=round(t.median_us, 1), tbps=round(model / t.median_us / 1e6, 3))
 
 
-def sweep_state(gdn, B, reps, n_fold=12):
+def sweep_state(gdn, B, reps, n_fold=12):  # 12 records of an L = 16 ring, the anchor's fold
   """Recurrent verify/decode and the fold per tuning, with the fold's bitwise check."""
   rng = np.random.default_rng(1)
   T = 4
@@ -63,9 +71,9 @@ def sweep_state(gdn, B, reps, n_fold=12):
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   x, x1, x12 = _inputs(rng, B, T, gdn), _inputs(rng, B, 1, gdn), _inputs(rng, B, n_fold, gdn)
   S0 = jnp.asarray(0.3 * rng.standard_normal((B, *gdn.state_shape), np.float32))
-  spec = SpecConfig(draft_tokens=n_fold, ring_len=32, verify_mode="replayssm")
+  spec = SpecConfig(draft_tokens=4, ring_len=16, verify_mode="replayssm")  # the ring shape only
   interpret = interpret_mode()
-  for tuning in STATE:
+  for tuning in (t for t in STATE if t.block_v <= gdn.head_v_dim):
     row = dict(B=B, **dataclasses.asdict(tuning))
     verify = jax.jit(lambda inter, tuning=tuning: recurrent_kernels.recurrent_verify(
         S0, inter, *_window(x), slot_ids, tuning=tuning, interpret=interpret)[1], donate_argnums=0)
@@ -86,18 +94,21 @@ def sweep_state(gdn, B, reps, n_fold=12):
         interpret=interpret)
     rings = dict(zip(RINGS, rings))
     count = jnp.full((B,), n_fold, jnp.int32)
-    fold = jax.jit(lambda s, tuning=tuning: fold_kernels.fold(
-        s, rings["ring_rawk"], rings["ring_rawv"], rings["ring_g"], rings["ring_beta"], slot_ids,
-        count, cache.cache_base, tuning=tuning, interpret=interpret), donate_argnums=0)
-    folded = fold(S0 + 0)
     _, inter = recurrent_kernels.recurrent_verify(
         S0, jnp.zeros((B, n_fold, *gdn.state_shape), jnp.float32), *_window(x12), slot_ids,
         tuning=tuning, interpret=interpret)
-    row["fold_bitwise"] = bool(jnp.array_equal(folded, inter[:, -1]))
+    expected = inter[:, -1]
     del inter
-    t, _ = time_calls(fold, folded, reps=reps)
-    row["fold_us"] = round(t.median_us, 1)
-    row["fold_tbps"] = round(B * nbytes.fold(n_fold) / t.median_us / 1e6, 3)
+    for schedule in fold_kernels.FOLD_SCHEDULES:
+      fold = jax.jit(lambda s, tuning=tuning, schedule=schedule: fold_kernels.fold(
+          s, rings["ring_rawk"], rings["ring_rawv"], rings["ring_g"], rings["ring_beta"],
+          slot_ids, count, cache.cache_base, tuning=tuning, interpret=interpret,
+          schedule=schedule), donate_argnums=0)
+      folded = fold(S0 + 0)
+      row[f"fold_{schedule}_bitwise"] = bool(jnp.array_equal(folded, expected))
+      t, _ = time_calls(fold, folded, reps=reps)
+      row[f"fold_{schedule}_us"] = round(t.median_us, 1)
+      row[f"fold_{schedule}_tbps"] = round(B * nbytes.fold(n_fold) / t.median_us / 1e6, 3)
     row["rec_verify_tbps"] = round(B * nbytes.rec_verify() / row["rec_verify_us"] / 1e6, 3)
     yield row
 
@@ -107,17 +118,25 @@ def main(argv=None) -> int:
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--reps", type=int, default=15)
   p.add_argument("--out", default="sweep.json")
+  p.add_argument("--budget-s", type=float, default=float("inf"),
+                 help="stop after the row that crosses this many seconds")
   p.add_argument("--tiny", action="store_true", help="tiny geometry: a smoke run on CPU")
   args = p.parse_args(argv)
   gdn = bench.TINY if args.tiny else bench.GEOMETRY
   rows = []
-  for gen in (sweep_replay(gdn, args.batch, 4, 8, args.reps),
-              sweep_replay(gdn, args.batch, 1, 8, args.reps), sweep_state(gdn, args.batch, args.reps)):
+  start = time.monotonic()
+  gens = (sweep_state(gdn, args.batch, args.reps), sweep_replay(gdn, args.batch, 4, 8, args.reps),
+          sweep_replay(gdn, args.batch, 1, 8, args.reps))
+  for gen in gens:
     for row in gen:
       rows.append(row)
       print(json.dumps(row), flush=True)
-  with open(args.out, "w") as f:
-    json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, rows=rows), f, indent=1)
+      with open(args.out, "w") as f:  # after every row: a run cut short keeps what it measured
+        json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, rows=rows), f,
+                  indent=1)
+      if time.monotonic() - start > args.budget_s:
+        print(f"stopping: the {args.budget_s} s budget is spent", flush=True)
+        return 0
   return 0
 
 

@@ -41,6 +41,7 @@ def _fold_kernel(
     ring_len: int,
     gqa_ratio: int,
     block_v: int,
+    schedule: str,
 ):
   del ssm_in_ref  # the same buffer as ssm_ref
   row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -50,14 +51,26 @@ def _fold_kernel(
 
   @pl.when((slot >= 0) & (count > 0))
   def _fold():
-    def step(i, S):
+    def record(i):
       p = (base + i) & (ring_len - 1)
-      k_hat = reference.l2_normalize(ring_rawk_ref[slot, kh, p, :].astype(jnp.float32))
-      v = ring_rawv_ref[slot, h, p, vs].astype(jnp.float32)
-      S, _ = reference.delta_rule_step(S, k_hat, v, ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])
-      return S
+      return (ring_rawk_ref[slot, kh, p, :], ring_rawv_ref[slot, h, p, vs],
+              ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])
 
-    ssm_ref[slot, h, vs, :] = jax.lax.fori_loop(0, count, step, ssm_ref[slot, h, vs, :])
+    def update(S, rawk, rawv, g, beta):
+      k_hat = reference.l2_normalize(rawk.astype(jnp.float32))
+      return reference.delta_rule_step(S, k_hat, rawv.astype(jnp.float32), g, beta)[0]
+
+    S = ssm_ref[slot, h, vs, :]
+    if schedule == "loop":
+      S = jax.lax.fori_loop(0, count, lambda i, S: update(S, *record(i)), S)
+    else:
+      # Every record's loads are issued before the first update (a loop over the dynamic
+      # count lowers to a while loop whose steps each wait on their own loads); the L - count
+      # steps past the count compute and are selected away, which keeps the bits.
+      records = [record(i) for i in range(ring_len)]
+      for i, rec in enumerate(records):
+        S = jnp.where(i < count, update(S, *rec), S)
+    ssm_ref[slot, h, vs, :] = S
 
 
 def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base):
@@ -76,9 +89,12 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
     raise ValueError(f"the exact fold needs an fp32 checkpoint; ssm is {ssm.dtype}.")
 
 
-@functools.partial(jax.jit, static_argnames=("tuning", "interpret"))
+FOLD_SCHEDULES = ("unrolled", "loop")
+
+
+@functools.partial(jax.jit, static_argnames=("tuning", "interpret", "schedule"))
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
-         tuning: KernelTuning, interpret: bool):
+         tuning: KernelTuning, interpret: bool, schedule: str | None = None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
@@ -87,14 +103,23 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     slot_ids: ``int32[B]``; -1 marks a padding row.
     count: ``int32[B]``, records to fold per row (``write_pos`` of flush rows, else 0).
     cache_base: ``int32[B]``, ring index of each row's logical record 0.
-
-  Returns:
+    tuning: launch parameters; must be the recurrent kernels' for the bitwise tie.
+    interpret: run the Pallas interpreter (CPU).
+    schedule: ``"unrolled"`` (the GPU default) issues the loads of all L records up front and
+      steps through them with the rows past ``count`` selected away; ``"loop"`` (the interpreter
+      default) steps ``count`` times, loading each record in its step. Both are the same
+      arithmetic; the interpreter's XLA fusions round the unrolled form differently in the last
+      bit, so the CPU keeps the loop, which is bitwise equal to the interpreted recurrent kernels.
     The updated ``ssm``.
   """
   _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base)
   B, (_, HV, V, _), H, L = slot_ids.shape[0], ssm.shape, ring_rawk.shape[1], ring_rawk.shape[2]
   tuning.check(V)
-  kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, block_v=tuning.block_v)
+  schedule = schedule or ("loop" if interpret else "unrolled")
+  if schedule not in FOLD_SCHEDULES:
+    raise ValueError(f"fold schedule {schedule!r} is not one of {FOLD_SCHEDULES}.")
+  kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, block_v=tuning.block_v,
+                             schedule=schedule)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
   return pl.pallas_call(
@@ -104,7 +129,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       input_output_aliases={list(inputs).index("ssm"): 0},
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
-      name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}",
+      name=f"exact_fold_{schedule}_L{L}_bv{tuning.block_v}_w{tuning.num_warps}",
   )(*inputs.values())
 
 

@@ -62,6 +62,7 @@ RING_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 # The (I + A) inverse is unrolled T - 1 times; the [2 T, K] window tile lives in registers
 # (H200: T=8 ran in 546 us at B=256, T=16 in 8.6 ms, spilling).
 MAX_DRAFT_TOKENS = 16
+FORMS = ("ut", "vec")
 
 
 def _mma(dot_precision: str, contraction: int, interpret: bool):
@@ -74,6 +75,31 @@ def _mma(dot_precision: str, contraction: int, interpret: bool):
   products are always exact; the K and L contractions use the knob from 16 on.
   """
   return dot_algorithm(dot_precision if contraction >= 16 else "ieee", interpret=interpret)
+
+
+def _history(write_pos, cache_base, g_ring, d_ring, k_ring):
+  """The row's ring history masked by logical index, for the replay identity.
+
+  Args:
+    write_pos, cache_base: the row's cursors (scalars).
+    g_ring: ``[L]`` gates; d_ring: ``[L, BV]``; k_ring: ``[L, K]``, in ring (physical) order.
+
+  Returns:
+    ``(exp(G_m), w, d_hist, k_hist)``: the decay over the whole history, ``w [L]`` with
+    ``w_i = exp(sum of the g logically after record i)`` (summed through an ``[L, L]`` mask:
+    no cancellation, any wraparound), and the fp32 d and k_hat records. Records at or past
+    ``write_pos`` are selected away, never multiplied by 0, so stale or NaN entries cannot leak.
+  """
+  L = g_ring.shape[0]
+  pos = jax.lax.broadcasted_iota(jnp.int32, (L,), 0)
+  logical = (pos - cache_base) & (L - 1)
+  valid = logical < write_pos
+  g_hist = jnp.where(valid, g_ring, 0.0)
+  later = logical[None, :] > logical[:, None]  # [L, L]: record p' after record p
+  w = jnp.where(valid, jnp.exp(jnp.sum(jnp.where(later, g_hist[None, :], 0.0), axis=1)), 0.0)
+  d_hist = jnp.where(valid[:, None], d_ring.astype(jnp.float32), 0.0)
+  k_hist = jnp.where(valid[:, None], k_ring.astype(jnp.float32), 0.0)
+  return jnp.exp(jnp.sum(g_hist)), w, d_hist, k_hist
 
 
 def _replay_verify_kernel(
@@ -155,21 +181,14 @@ def _replay_verify_kernel(
     # X = [q_hat; k_hat] (Triton has no row concatenation: stack on a new last axis, move it).
     X = jnp.transpose(jnp.stack([q_hat, k_hat], axis=-1), (2, 0, 1)).reshape(2 * T_pad, K)
 
-    # History: the whole ring row, masked by logical index; G_m - G_i summed over the records
-    # logically after i through an [L, L] mask (no cancellation, any wraparound).
-    pos = jax.lax.broadcasted_iota(jnp.int32, (L,), 0)
-    logical = (pos - cache_base) & (L - 1)
-    valid = logical < write_pos
-    g_hist = jnp.where(valid, ring_g_ref[slot, h, :], 0.0)
-    later = logical[None, :] > logical[:, None]  # [L, L]: record p' after record p
-    w = jnp.where(valid, jnp.exp(jnp.sum(jnp.where(later, g_hist[None, :], 0.0), axis=1)), 0.0)
-    d_hist = jnp.where(valid[:, None], ring_d_ref[slot, h, :, vs].astype(jnp.float32), 0.0)
-    k_hist = jnp.where(valid[:, None], ring_k_ref[slot, kh, :, :].astype(jnp.float32), 0.0)
+    decay_all, w, d_hist, k_hist = _history(
+        write_pos, cache_base, ring_g_ref[slot, h, :], ring_d_ref[slot, h, :, vs],
+        ring_k_ref[slot, kh, :, :])
 
     # [W_q; W_k] = exp(G_m) X S0^T + ((X K_hist^T) * w) D_hist              [2 T_pad, BV]
     # A tensor-core dot beat multiply-reduce here (H200, B=256, T=4: 396 vs 736 us;
     # benchmarks/NOTES.md run 2), even though it reshuffles the checkpoint tile.
-    W = jnp.exp(jnp.sum(g_hist)) * dot_nt(X, ssm_ref[slot, h, vs, :], precision_k)
+    W = decay_all * dot_nt(X, ssm_ref[slot, h, vs, :], precision_k)
     W = W + dot(dot_nt(X, k_hist, precision_k) * w[None, :], d_hist, precision_l)
     W_q, W_k = jnp.split(W, 2, axis=0)
     # [T_pad, T_pad]: q_hat_s . k_hat_j and k_hat_s . k_hat_j
@@ -209,6 +228,80 @@ def _replay_verify_kernel(
       store(ring_rawk_out_ref, (slot, kh, phys, cols_k), k_raw, mask_k)
 
 
+def _replay_verify_vec_kernel(
+    slot_ids_ref, write_pos_ref, cache_base_ref, q_ref, k_ref, v_ref, a_ref, b_ref,
+    A_log_ref, dt_bias_ref, ssm_ref, ring_d_ref, ring_k_ref, ring_g_ref,
+    ring_beta_ref, ring_rawk_ref, ring_rawv_ref,
+    o_ref, ring_d_out_ref, ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref,
+    ring_rawk_out_ref, ring_rawv_out_ref,
+    *, T: int, L: int, gqa_ratio: int, block_v: int, scale: float, **_):
+  """The replay verify with the window as T separate vectors (same refs as the UT kernel).
+
+  No tile is formed from the window: each token's q, k and v are loaded as vectors, the
+  checkpoint is applied to each by multiply-reduce, and the d's come from the forward
+  substitution written token by token (unrolled over T):
+
+      d_s = beta_s (v_s - exp(Gamma_s) W_k[s] - sum_{j<s} exp(Gamma_s - Gamma_j) (k_s . k_j) d_j)
+      o_s = exp(Gamma_s) W_q[s] + sum_{j<=s} exp(Gamma_s - Gamma_j) (q_s . k_j) d_j
+
+  which is the UT transform's D row by row. Records are stored one token at a time.
+  """
+  del ring_beta_ref, ring_rawk_ref, ring_rawv_ref  # written only, through the aliased outputs
+  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  slot = slot_ids_ref[row]
+  kh = h // gqa_ratio
+  vs = pl.ds(j * block_v, block_v)
+
+  @pl.when(slot < 0)
+  def _padding():
+    for s in range(T):
+      o_ref[row, s, h, vs] = jnp.zeros((block_v,), o_ref.dtype)
+
+  @pl.when(slot >= 0)
+  def _verify():
+    write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
+    S0 = ssm_ref[slot, h, vs, :]  # [BV, K]
+    decay_all, w, d_hist, k_hist = _history(
+        write_pos, cache_base, ring_g_ref[slot, h, :], ring_d_ref[slot, h, :, vs],
+        ring_k_ref[slot, kh, :, :])
+
+    def apply_hist(x):  # S_hist x = exp(G_m) S0 x + sum_i w_i (k_i . x) d_i       [BV]
+      return (decay_all * reference.state_apply(S0, x)
+              + jnp.sum((reference.state_apply(k_hist, x) * w)[:, None] * d_hist, axis=0))
+
+    A_log, dt_bias = A_log_ref[h], dt_bias_ref[h]
+    toks = [token_inputs(q_ref[row, s, kh, :], k_ref[row, s, kh, :], v_ref[row, s, h, vs],
+                         a_ref[row, s, h], b_ref[row, s, h], A_log, dt_bias, scale)
+            for s in range(T)]
+    Gamma, ds, k_hats = [], [], []
+    for s, (q_hat, k_hat, v, g, beta) in enumerate(toks):
+      Gamma.append(g if s == 0 else Gamma[-1] + g)
+      u = v - jnp.exp(Gamma[s]) * apply_hist(k_hat)
+      o = jnp.exp(Gamma[s]) * apply_hist(q_hat)
+      for i in range(s):
+        decay = jnp.exp(Gamma[s] - Gamma[i])
+        u = u - decay * jnp.sum(k_hat * k_hats[i]) * ds[i]
+        o = o + decay * jnp.sum(q_hat * k_hats[i]) * ds[i]
+      d = beta * u
+      o = o + jnp.sum(q_hat * k_hat) * d
+      ds.append(d)
+      k_hats.append(k_hat)
+      p = (cache_base + write_pos + s) & (L - 1)
+      o_ref[row, s, h, vs] = o.astype(o_ref.dtype)
+      ring_d_out_ref[slot, h, p, vs] = d.astype(ring_d_out_ref.dtype)
+      ring_rawv_out_ref[slot, h, p, vs] = v_ref[row, s, h, vs]
+
+      @pl.when(j == 0)  # one writer per value head for g and beta
+      def _():
+        ring_g_out_ref[slot, h, p] = g
+        ring_beta_out_ref[slot, h, p] = beta
+
+      @pl.when((j == 0) & (h % gqa_ratio == 0))  # one writer per key head for k_hat and raw k
+      def _():
+        ring_k_out_ref[slot, kh, p, :] = k_hat.astype(ring_k_out_ref.dtype)
+        ring_rawk_out_ref[slot, kh, p, :] = k_ref[row, s, kh, :]
+
+
 def _check_inputs(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                   q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base):
   B, T, H, K = q.shape
@@ -241,14 +334,14 @@ def _check_inputs(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                      f"try L={next_power_of_two(2 * T)}.")
 
 
-@functools.partial(jax.jit, static_argnames=("tuning", "dot_precision", "interpret"))
+@functools.partial(jax.jit, static_argnames=("tuning", "dot_precision", "interpret", "form"))
 def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                         q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
-                        tuning: KernelTuning, dot_precision: str, interpret: bool):
+                        tuning: KernelTuning, dot_precision: str, interpret: bool, form: str):
   B, T, H, K = q.shape
   HV, V = v.shape[2], v.shape[3]
   kernel = functools.partial(
-      _replay_verify_kernel, T=T, L=ring_g.shape[-1], gqa_ratio=HV // H, block_v=tuning.block_v,
+      _replay_verify_vec_kernel if form == "vec" else _replay_verify_kernel, T=T, L=ring_g.shape[-1], gqa_ratio=HV // H, block_v=tuning.block_v,
       scale=K ** -0.5, precision_k=_mma(dot_precision, K, interpret),
       precision_l=_mma(dot_precision, ring_g.shape[-1], interpret),
       precision_t=_mma("ieee", T, interpret))
@@ -264,13 +357,14 @@ def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
       input_output_aliases={list(inputs).index(n): 1 + i for i, n in enumerate(RING_NAMES)},
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
-      name=f"replay_verify_T{T}_bv{tuning.block_v}_w{tuning.num_warps}",
+      name=f"replay_verify_{form}_T{T}_bv{tuning.block_v}_w{tuning.num_warps}",
   )(*inputs.values())
 
 
 def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                   q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
-                  tuning: KernelTuning, dot_precision: str, interpret: bool):
+                  tuning: KernelTuning, dot_precision: str, interpret: bool,
+                  form: str = "ut"):
   """Verify outputs of a T-token window from checkpoint + ring; window records into the rings.
 
   Args:
@@ -287,6 +381,8 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
     tuning: ``block_v`` and the Triton launch parameters.
     dot_precision: ``"default"``, ``"tf32"``, ``"bf16"`` or ``"ieee"`` for the in-kernel dots.
     interpret: run the Pallas interpreter (CPU).
+    form: ``"ut"``, the window as a ``[T, K]`` tile through tensor-core dots and the UT
+      transform, or ``"vec"``, T separate vectors by multiply-reduce (no dots).
 
   Returns:
     ``(o, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``, ``o [B, T, HV, V]`` in
@@ -304,8 +400,10 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   if q.shape[1] > MAX_DRAFT_TOKENS:
     raise ValueError(f"T={q.shape[1]} draft tokens exceed the Pallas replay verify's "
                      f"{MAX_DRAFT_TOKENS}; use the xla backend.")
+  if form not in FORMS:
+    raise ValueError(f"form={form!r} is unknown; use one of {FORMS}.")
   return _replay_verify_call(*args, tuning=tuning, dot_precision=dot_precision,
-                             interpret=interpret)
+                             interpret=interpret, form=form)
 
 
 # ----------------------------------------------------------------------------- reference
