@@ -22,6 +22,9 @@ Steps (each jitted, the cache donated; ``(logits, cache)`` out, as the layers' `
 - `HybridLM.verify`: a window of ``spec.draft_tokens`` drafts, nothing committed; the KV
   cache gets the window at positions ``len .. len + T - 1``, the GDN layers their records.
 - `HybridLM.commit`: keep the first ``accepted`` tokens: GDN commits and ``len += accepted``.
+
+`HybridLM.forward` is the cache-free, differentiable view of the same code: the prefill
+step of full rows into a fresh cache, logits only (training and scoring).
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ from replayssm_jax.layers import GatedDeltaNet, GDNLayerCache
 from replayssm_jax.models.attention import Attention, KVCache, RMSNorm
 from replayssm_jax.models.config import HybridConfig
 from replayssm_jax.state import cache_type_for
+
+
+# `HybridLM.forward` prefills into a throwaway cache: the smallest one (recurrent, T = 1).
+_FORWARD_SPEC = SpecConfig(draft_tokens=1, ring_len=2, verify_mode="recurrent")
 
 
 @jax.tree_util.register_dataclass
@@ -327,6 +334,30 @@ class HybridLM(nnx.Module):
     return HybridCache(gdn=gdn, kv=cache.kv, lengths=lengths)
 
   # --------------------------------------------------------------------------- API
+
+  def forward(self, tokens: jax.Array) -> jax.Array:
+    """Logits of whole sequences from an empty state; differentiable (training, scoring).
+
+    The prefill step (chunked GDN rule, causal attention) of full-length rows into a fresh
+    cache that is then dropped, so training runs exactly the layer code that serving runs.
+    Not jitted: call it inside a jitted loss or step.
+
+    Args:
+      tokens: ``int32[B, T]``, every position valid.
+
+    Returns:
+      ``logits [B, T, vocab]`` in the activation dtype; row ``b``, position ``t`` scores
+      token ``t + 1`` given ``tokens[b, :t + 1]``.
+    """
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise ValueError(f"HybridLM.forward: tokens must be an integer array [B, T]; given "
+                       f"{tokens.dtype}{list(tokens.shape)}.")
+    B, T = tokens.shape
+    cache = self.init_cache(_FORWARD_SPEC, num_slots=B, max_len=T)
+    slot_ids = jnp.arange(B, dtype=jnp.int32)
+    lengths = jnp.full((B,), T, jnp.int32)
+    logits, _ = self._step(cache, tokens, slot_ids, _FORWARD_SPEC, "prefill", lengths)
+    return logits
 
   def prefill(self, cache: HybridCache, tokens: jax.Array, lengths: jax.Array,
               slot_ids: jax.Array, spec: SpecConfig) -> tuple[jax.Array, HybridCache]:
