@@ -39,7 +39,8 @@ def window(T):
 STATE = ((SLOTS, HV, V, K), jnp.float32)
 RINGS = [((SLOTS, HV, L, V), ACT), ((SLOTS, H, L, K), ACT), ((SLOTS, HV, L), jnp.float32),
          ((SLOTS, HV, L), jnp.float32), ((SLOTS, H, L, K), ACT), ((SLOTS, HV, L, V), ACT)]
-TUNINGS = [KernelTuning(), KernelTuning(block_v=64, num_warps=2), KernelTuning(block_v=128, num_warps=8)]
+TUNINGS = [KernelTuning(), KernelTuning(block_v=64, num_warps=2),
+           KernelTuning(block_v=128, num_warps=8, k_chunk=128), KernelTuning(block_v=16, k_chunk=16)]
 
 
 @pytest.mark.parametrize("tuning", TUNINGS, ids=str)
@@ -51,10 +52,9 @@ def test_recurrent_kernels_lower(T, tuning):
         STATE, *window(1))
 
 
-@pytest.mark.parametrize("schedule", fold.FOLD_SCHEDULES)
 @pytest.mark.parametrize("tuning", TUNINGS, ids=str)
-def test_fold_lowers(tuning, schedule):
-  lower(functools.partial(fold.fold, tuning=tuning, interpret=False, schedule=schedule), STATE, RINGS[4], RINGS[5],
+def test_fold_lowers(tuning):
+  lower(functools.partial(fold.fold, tuning=tuning, interpret=False), STATE, RINGS[4], RINGS[5],
         RINGS[2], RINGS[3], ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32))
 
 

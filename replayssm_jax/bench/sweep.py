@@ -30,10 +30,13 @@ from replayssm_jax.kernels import replay_verify as replay_kernels
 from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
 
 RINGS = replay_kernels.RING_NAMES
-REPLAY = [KernelTuning(block_v=bv, num_warps=w)
-          for bv, w in [(16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4), (128, 4), (128, 8)]]
-STATE = [KernelTuning(block_v=bv, num_warps=w)
-         for bv, w in [(32, 4), (32, 2), (16, 1), (16, 2), (64, 4), (64, 8)]]
+# (form, tuning) pairs of the replay verify; `k_chunk` only matters to the vector form.
+REPLAY = [("ut", KernelTuning(block_v=64, num_warps=2)), ("ut", KernelTuning(block_v=128, num_warps=4))] + [
+    ("vec", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
+    for bv, w, kc in [(32, 2, 32), (32, 4, 32), (64, 2, 32), (64, 4, 32), (64, 4, 64), (128, 4, 32),
+                      (128, 8, 32), (128, 8, 64), (128, 4, 128)]]
+STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
+         for bv, w, kc in [(32, 4, 32), (32, 2, 32), (16, 1, 32), (64, 4, 32)]]
 
 
 def sweep_replay(gdn, B, T, wp, reps):
@@ -42,25 +45,26 @@ def sweep_replay(gdn, B, T, wp, reps):
   x = _inputs(rng, B, T, gdn)
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   model = B * Bytes(gdn, T).rssm_verify(wp, T)
-  for form in replay_kernels.FORMS:
-    for tuning in (t for t in REPLAY if t.block_v <= gdn.head_v_dim):
-      cache = _replay_cache(rng, gdn, spec, B, np.full(B, wp), np.zeros(B, bool))
+  for form, tuning in REPLAY:
+    if tuning.block_v > gdn.head_v_dim:
+      continue
+    cache = _replay_cache(rng, gdn, spec, B, np.full(B, wp), np.zeros(B, bool))
 
-      def run(c, tuning=tuning, form=form):
-        _, *out = replay_kernels.replay_verify(
-            c.ssm, *(getattr(c, n) for n in RINGS), *_window(x), slot_ids, c.write_pos,
-            c.cache_base, tuning=tuning, dot_precision="default", interpret=interpret_mode(),
-            form=form)
-        return dataclasses.replace(c, **dict(zip(RINGS, out)))
+    def run(c, tuning=tuning, form=form):
+      _, *out = replay_kernels.replay_verify(
+          c.ssm, *(getattr(c, n) for n in RINGS), *_window(x), slot_ids, c.write_pos,
+          c.cache_base, tuning=tuning, dot_precision="default", interpret=interpret_mode(),
+          form=form)
+      return dataclasses.replace(c, **dict(zip(RINGS, out)))
 
-      try:
-        t, _ = time_calls(jax.jit(run, donate_argnums=0), cache, reps=reps)
-      except Exception as e:  # a launch shape Triton rejects (registers, shared memory)
-        yield dict(kernel=f"replay_verify_{form}_T{T}", B=B, wp=wp, **dataclasses.asdict(tuning),
-                   error=f"{type(e).__name__}: {str(e)[:200]}")
-        continue
+    try:
+      t, _ = time_calls(jax.jit(run, donate_argnums=0), cache, reps=reps)
+    except Exception as e:  # a launch shape Triton rejects (registers, shared memory)
       yield dict(kernel=f"replay_verify_{form}_T{T}", B=B, wp=wp, **dataclasses.asdict(tuning),
-                 median_us=round(t.median_us, 1), tbps=round(model / t.median_us / 1e6, 3))
+                 error=f"{type(e).__name__}: {str(e)[:200]}")
+      continue
+    yield dict(kernel=f"replay_verify_{form}_T{T}", B=B, wp=wp, **dataclasses.asdict(tuning),
+               median_us=round(t.median_us, 1), tbps=round(model / t.median_us / 1e6, 3))
 
 
 def sweep_state(gdn, B, reps, n_fold=12):  # 12 records of an L = 16 ring, the anchor's fold
@@ -99,16 +103,14 @@ def sweep_state(gdn, B, reps, n_fold=12):  # 12 records of an L = 16 ring, the a
         tuning=tuning, interpret=interpret)
     expected = inter[:, -1]
     del inter
-    for schedule in fold_kernels.FOLD_SCHEDULES:
-      fold = jax.jit(lambda s, tuning=tuning, schedule=schedule: fold_kernels.fold(
-          s, rings["ring_rawk"], rings["ring_rawv"], rings["ring_g"], rings["ring_beta"],
-          slot_ids, count, cache.cache_base, tuning=tuning, interpret=interpret,
-          schedule=schedule), donate_argnums=0)
-      folded = fold(S0 + 0)
-      row[f"fold_{schedule}_bitwise"] = bool(jnp.array_equal(folded, expected))
-      t, _ = time_calls(fold, folded, reps=reps)
-      row[f"fold_{schedule}_us"] = round(t.median_us, 1)
-      row[f"fold_{schedule}_tbps"] = round(B * nbytes.fold(n_fold) / t.median_us / 1e6, 3)
+    fold = jax.jit(lambda s, tuning=tuning: fold_kernels.fold(
+        s, rings["ring_rawk"], rings["ring_rawv"], rings["ring_g"], rings["ring_beta"], slot_ids,
+        count, cache.cache_base, tuning=tuning, interpret=interpret), donate_argnums=0)
+    folded = fold(S0 + 0)
+    row["fold_bitwise"] = bool(jnp.array_equal(folded, expected))
+    t, _ = time_calls(fold, folded, reps=reps)
+    row["fold_us"] = round(t.median_us, 1)
+    row["fold_tbps"] = round(B * nbytes.fold(n_fold) / t.median_us / 1e6, 3)
     row["rec_verify_tbps"] = round(B * nbytes.rec_verify() / row["rec_verify_us"] / 1e6, 3)
     yield row
 
@@ -118,6 +120,7 @@ def main(argv=None) -> int:
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--reps", type=int, default=15)
   p.add_argument("--out", default="sweep.json")
+  p.add_argument("--only", choices=("state", "replay"), help="sweep one family only")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="stop after the row that crosses this many seconds")
   p.add_argument("--tiny", action="store_true", help="tiny geometry: a smoke run on CPU")
@@ -125,8 +128,12 @@ def main(argv=None) -> int:
   gdn = bench.TINY if args.tiny else bench.GEOMETRY
   rows = []
   start = time.monotonic()
-  gens = (sweep_state(gdn, args.batch, args.reps), sweep_replay(gdn, args.batch, 4, 8, args.reps),
-          sweep_replay(gdn, args.batch, 1, 8, args.reps))
+  gens = []
+  if args.only in (None, "state"):
+    gens.append(sweep_state(gdn, args.batch, args.reps))
+  if args.only in (None, "replay"):
+    gens += [sweep_replay(gdn, args.batch, 4, 8, args.reps),
+             sweep_replay(gdn, args.batch, 1, 8, args.reps)]
   for gen in gens:
     for row in gen:
       rows.append(row)

@@ -37,11 +37,14 @@ class KernelTuning:
     block_v: BV, rows of the ``[BV, K]`` fp32 state tile one program owns.
     num_warps: warps per program (Triton).
     num_stages: software-pipelining stages (Triton).
+    k_chunk: KC, width of the K-chunks the state tile is held in (`tile`); part of the
+      exact arithmetic, like ``block_v``.
   """
 
   block_v: int = 32
   num_warps: int = 4
   num_stages: int = 2
+  k_chunk: int = 32
 
   @classmethod
   def state_default(cls, V: int) -> KernelTuning:
@@ -63,11 +66,16 @@ class KernelTuning:
       return cls(block_v=min(64, V), num_warps=2)
     return cls(block_v=min(128, V), num_warps=4)
 
-  def check(self, V: int) -> None:
-    """Raise `ValueError` unless ``block_v`` tiles ``V`` in power-of-two blocks."""
+  def check(self, V: int, K: int | None = None) -> None:
+    """Raise `ValueError` unless ``block_v`` tiles ``V`` (and ``k_chunk`` tiles ``K``) in
+    power-of-two blocks; a ``k_chunk`` at or above K means one chunk."""
     if self.block_v < 1 or self.block_v & (self.block_v - 1) or V % self.block_v:
       raise ValueError(f"KernelTuning.block_v={self.block_v} must be a power of two dividing "
                        f"head_v_dim={V}; try block_v={min(32, V)}.")
+    if K is not None and (self.k_chunk < 1 or self.k_chunk & (self.k_chunk - 1)
+                          or K % min(self.k_chunk, K)):
+      raise ValueError(f"KernelTuning.k_chunk={self.k_chunk} must be a power of two dividing "
+                       f"head_k_dim={K}; try k_chunk={min(32, K)}.")
 
   def compiler_params(self) -> pltriton.CompilerParams:
     return pltriton.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)

@@ -7,7 +7,7 @@ at ring index ``(cache_base + i) & (L - 1)``, through the recurrent update:
     k_hat = l2_normalize(rawk_i);  S <- exp(g_i) S + beta_i (v_i - exp(g_i) S k_hat) k_hat^T
 
 It is the loop of `recurrent.py` with the inputs read from the ring instead of
-the window, on the same ``[BV, K]`` tile and `KernelTuning`, so the folded
+the window, through the same `tile` arithmetic and `KernelTuning`, so the folded
 checkpoint is bitwise the state the recurrent path commits (g and beta are the
 bits that `recurrent.token_inputs` produced when the records were written).
 """
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from replayssm_jax import reference
+from replayssm_jax.kernels import tile
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.recurrent import scatter_rows
 
@@ -41,36 +42,25 @@ def _fold_kernel(
     ring_len: int,
     gqa_ratio: int,
     block_v: int,
-    schedule: str,
+    k_chunk: int,
 ):
   del ssm_in_ref  # the same buffer as ssm_ref
   row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   slot, count, base = slot_ids_ref[row], count_ref[row], cache_base_ref[row]
   kh = h // gqa_ratio
   vs = pl.ds(j * block_v, block_v)
+  K = ssm_ref.shape[-1]
 
   @pl.when((slot >= 0) & (count > 0))
   def _fold():
-    def record(i):
+    def step(i, S):
       p = (base + i) & (ring_len - 1)
-      return (ring_rawk_ref[slot, kh, p, :], ring_rawv_ref[slot, h, p, vs],
-              ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])
+      k_hat = tile.normalized(ring_rawk_ref, (slot, kh, p), K, k_chunk)
+      v = ring_rawv_ref[slot, h, p, vs].astype(jnp.float32)
+      return tile.delta_rule_step(S, k_hat, v, ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])[0]
 
-    def update(S, rawk, rawv, g, beta):
-      k_hat = reference.l2_normalize(rawk.astype(jnp.float32))
-      return reference.delta_rule_step(S, k_hat, rawv.astype(jnp.float32), g, beta)[0]
-
-    S = ssm_ref[slot, h, vs, :]
-    if schedule == "loop":
-      S = jax.lax.fori_loop(0, count, lambda i, S: update(S, *record(i)), S)
-    else:
-      # Every record's loads are issued before the first update (a loop over the dynamic
-      # count lowers to a while loop whose steps each wait on their own loads); the L - count
-      # steps past the count compute and are selected away, which keeps the bits.
-      records = [record(i) for i in range(ring_len)]
-      for i, rec in enumerate(records):
-        S = jnp.where(i < count, update(S, *rec), S)
-    ssm_ref[slot, h, vs, :] = S
+    S = jax.lax.fori_loop(0, count, step, tile.load(ssm_ref, (slot, h, vs), K, k_chunk))
+    tile.store(ssm_ref, (slot, h, vs), S)
 
 
 def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base):
@@ -89,12 +79,9 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
     raise ValueError(f"the exact fold needs an fp32 checkpoint; ssm is {ssm.dtype}.")
 
 
-FOLD_SCHEDULES = ("unrolled", "loop")
-
-
-@functools.partial(jax.jit, static_argnames=("tuning", "interpret", "schedule"))
+@functools.partial(jax.jit, static_argnames=("tuning", "interpret"))
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
-         tuning: KernelTuning, interpret: bool, schedule: str | None = None):
+         tuning: KernelTuning, interpret: bool):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
@@ -105,21 +92,15 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     cache_base: ``int32[B]``, ring index of each row's logical record 0.
     tuning: launch parameters; must be the recurrent kernels' for the bitwise tie.
     interpret: run the Pallas interpreter (CPU).
-    schedule: ``"unrolled"`` (the GPU default) issues the loads of all L records up front and
-      steps through them with the rows past ``count`` selected away; ``"loop"`` (the interpreter
-      default) steps ``count`` times, loading each record in its step. Both are the same
-      arithmetic; the interpreter's XLA fusions round the unrolled form differently in the last
-      bit, so the CPU keeps the loop, which is bitwise equal to the interpreted recurrent kernels.
+
+  Returns:
     The updated ``ssm``.
   """
   _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base)
-  B, (_, HV, V, _), H, L = slot_ids.shape[0], ssm.shape, ring_rawk.shape[1], ring_rawk.shape[2]
-  tuning.check(V)
-  schedule = schedule or ("loop" if interpret else "unrolled")
-  if schedule not in FOLD_SCHEDULES:
-    raise ValueError(f"fold schedule {schedule!r} is not one of {FOLD_SCHEDULES}.")
+  B, (_, HV, V, K), H, L = slot_ids.shape[0], ssm.shape, ring_rawk.shape[1], ring_rawk.shape[2]
+  tuning.check(V, K)
   kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, block_v=tuning.block_v,
-                             schedule=schedule)
+                             k_chunk=tuning.k_chunk)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
   return pl.pallas_call(
@@ -129,7 +110,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       input_output_aliases={list(inputs).index("ssm"): 0},
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
-      name=f"exact_fold_{schedule}_L{L}_bv{tuning.block_v}_w{tuning.num_warps}",
+      name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{tuning.k_chunk}",
   )(*inputs.values())
 
 

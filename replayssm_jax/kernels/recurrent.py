@@ -1,8 +1,8 @@
 """Recurrent decode and verify: the baseline ReplaySSM replaces (DESIGN sections 3 and 5).
 
 Per (row b, value head h, V-block j) one program owns the fp32 tile
-``S = ssm[slot_ids[b], h, j*BV:(j+1)*BV, :]`` (``[BV, K]``) and runs the T exact
-updates of `reference.delta_rule_step` in a `lax.fori_loop`:
+``S = ssm[slot_ids[b], h, j*BV:(j+1)*BV, :]`` (``[BV, K]``, held as K-chunks: `tile`) and
+runs the T exact updates of `tile.delta_rule_step` in a `lax.fori_loop`:
 
     verify: o_t = S_t q_hat_t,  intermediate[slot, t] = S_t       (ssm untouched)
     decode: o   = S_1 q_hat,    ssm[slot] = S_1                    (T = 1, in place)
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from replayssm_jax import reference
+from replayssm_jax.kernels import tile
 from replayssm_jax.kernels.backend import KernelTuning
 
 
@@ -50,6 +51,7 @@ def _recurrent_kernel(
     T: int,
     gqa_ratio: int,
     block_v: int,
+    k_chunk: int,
     scale: float,
     store_each_step: bool,
 ):
@@ -72,20 +74,21 @@ def _recurrent_kernel(
   @pl.when(slot >= 0)
   def _update():
     A_log, dt_bias = A_log_ref[h], dt_bias_ref[h]
+    K = q_ref.shape[-1]
 
     def step(t, S):
-      q_hat, k_hat, v, g, beta = token_inputs(
-          q_ref[row, t, kh, :], k_ref[row, t, kh, :], v_ref[row, t, h, vs],
-          a_ref[row, t, h], b_ref[row, t, h], A_log, dt_bias, scale)
-      S, _ = reference.delta_rule_step(S, k_hat, v, g, beta)
-      o_ref[row, t, h, vs] = reference.state_apply(S, q_hat).astype(o_ref.dtype)
+      q_hat = tile.normalized(q_ref, (row, t, kh), K, k_chunk, scale)
+      k_hat = tile.normalized(k_ref, (row, t, kh), K, k_chunk)
+      g, beta = reference.gdn_gating(a_ref[row, t, h], b_ref[row, t, h], A_log, dt_bias)
+      S, _ = tile.delta_rule_step(S, k_hat, v_ref[row, t, h, vs].astype(jnp.float32), g, beta)
+      o_ref[row, t, h, vs] = tile.matvec(S, q_hat).astype(o_ref.dtype)
       if store_each_step:
-        states_ref[slot, t, h, vs, :] = S
+        tile.store(states_ref, (slot, t, h, vs), S)
       return S
 
-    S = jax.lax.fori_loop(0, T, step, ssm_ref[slot, h, vs, :])
+    S = jax.lax.fori_loop(0, T, step, tile.load(ssm_ref, (slot, h, vs), K, k_chunk))
     if not store_each_step:
-      states_ref[slot, h, vs, :] = S
+      tile.store(states_ref, (slot, h, vs), S)
 
 
 def _check_inputs(ssm, q, k, v, a, b, slot_ids):
@@ -108,10 +111,10 @@ def _recurrent_call(slot_ids, q, k, v, a, b, A_log, dt_bias, ssm, intermediate, 
   """Verify when ``intermediate`` is given, else decode (``ssm`` updated in place)."""
   B, T, H, K = q.shape
   HV, V = v.shape[2], v.shape[3]
-  tuning.check(V)
+  tuning.check(V, K)
   store_each_step = intermediate is not None
   kernel = functools.partial(
-      _recurrent_kernel, T=T, gqa_ratio=HV // H, block_v=tuning.block_v,
+      _recurrent_kernel, T=T, gqa_ratio=HV // H, block_v=tuning.block_v, k_chunk=tuning.k_chunk,
       scale=K ** -0.5, store_each_step=store_each_step)
   inputs = dict(slot_ids=slot_ids, q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm)
   if store_each_step:

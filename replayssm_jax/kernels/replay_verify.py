@@ -54,6 +54,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
 from replayssm_jax.config import DOT_PRECISIONS, next_power_of_two
+from replayssm_jax.kernels import tile
 from replayssm_jax.kernels.backend import KernelTuning, dot_algorithm
 from replayssm_jax.kernels.recurrent import token_inputs
 
@@ -77,18 +78,15 @@ def _mma(dot_precision: str, contraction: int, interpret: bool):
   return dot_algorithm(dot_precision if contraction >= 16 else "ieee", interpret=interpret)
 
 
-def _history(write_pos, cache_base, g_ring, d_ring, k_ring):
-  """The row's ring history masked by logical index, for the replay identity.
-
-  Args:
-    write_pos, cache_base: the row's cursors (scalars).
-    g_ring: ``[L]`` gates; d_ring: ``[L, BV]``; k_ring: ``[L, K]``, in ring (physical) order.
+def _history_weights(write_pos, cache_base, g_ring):
+  """Weights of the row's ring history for the replay identity, from its ``[L]`` gates.
 
   Returns:
-    ``(exp(G_m), w, d_hist, k_hist)``: the decay over the whole history, ``w [L]`` with
-    ``w_i = exp(sum of the g logically after record i)`` (summed through an ``[L, L]`` mask:
-    no cancellation, any wraparound), and the fp32 d and k_hat records. Records at or past
-    ``write_pos`` are selected away, never multiplied by 0, so stale or NaN entries cannot leak.
+    ``(exp(G_m), w, valid)``: the decay over the whole history; ``w [L]`` with
+    ``w_i = exp(sum of the g logically after record i)``, summed through an ``[L, L]`` mask (no
+    cancellation, any wraparound); and the mask of the records logically before ``write_pos``.
+    Callers select the other records away (never multiply them by 0), so stale or NaN entries
+    cannot leak.
   """
   L = g_ring.shape[0]
   pos = jax.lax.broadcasted_iota(jnp.int32, (L,), 0)
@@ -97,9 +95,12 @@ def _history(write_pos, cache_base, g_ring, d_ring, k_ring):
   g_hist = jnp.where(valid, g_ring, 0.0)
   later = logical[None, :] > logical[:, None]  # [L, L]: record p' after record p
   w = jnp.where(valid, jnp.exp(jnp.sum(jnp.where(later, g_hist[None, :], 0.0), axis=1)), 0.0)
-  d_hist = jnp.where(valid[:, None], d_ring.astype(jnp.float32), 0.0)
-  k_hist = jnp.where(valid[:, None], k_ring.astype(jnp.float32), 0.0)
-  return jnp.exp(jnp.sum(g_hist)), w, d_hist, k_hist
+  return jnp.exp(jnp.sum(g_hist)), w, valid
+
+
+def _masked(x, valid):
+  """The rows of ``x [L, ...]`` at valid records in fp32, zero elsewhere."""
+  return jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
 
 
 def _replay_verify_kernel(
@@ -138,8 +139,10 @@ def _replay_verify_kernel(
     precision_k,
     precision_l,
     precision_t,
+    k_chunk: int,
 ):
   del ring_beta_ref, ring_rawk_ref, ring_rawv_ref  # written only, through the aliased outputs
+  del k_chunk  # the window products are dots over whole [*, K] tiles
   row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   slot = slot_ids_ref[row]
   kh = h // gqa_ratio
@@ -181,9 +184,9 @@ def _replay_verify_kernel(
     # X = [q_hat; k_hat] (Triton has no row concatenation: stack on a new last axis, move it).
     X = jnp.transpose(jnp.stack([q_hat, k_hat], axis=-1), (2, 0, 1)).reshape(2 * T_pad, K)
 
-    decay_all, w, d_hist, k_hist = _history(
-        write_pos, cache_base, ring_g_ref[slot, h, :], ring_d_ref[slot, h, :, vs],
-        ring_k_ref[slot, kh, :, :])
+    decay_all, w, valid = _history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
+    d_hist = _masked(ring_d_ref[slot, h, :, vs], valid)
+    k_hist = _masked(ring_k_ref[slot, kh, :, :], valid)
 
     # [W_q; W_k] = exp(G_m) X S0^T + ((X K_hist^T) * w) D_hist              [2 T_pad, BV]
     # A tensor-core dot beat multiply-reduce here (H200, B=256, T=4: 396 vs 736 us;
@@ -234,12 +237,12 @@ def _replay_verify_vec_kernel(
     ring_beta_ref, ring_rawk_ref, ring_rawv_ref,
     o_ref, ring_d_out_ref, ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref,
     ring_rawk_out_ref, ring_rawv_out_ref,
-    *, T: int, L: int, gqa_ratio: int, block_v: int, scale: float, **_):
+    *, T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, scale: float, **_):
   """The replay verify with the window as T separate vectors (same refs as the UT kernel).
 
   No tile is formed from the window: each token's q, k and v are loaded as vectors, the
-  checkpoint is applied to each by multiply-reduce, and the d's come from the forward
-  substitution written token by token (unrolled over T):
+  checkpoint (held as K-chunks, `tile`) is applied to each by multiply-reduce, and the d's come
+  from the forward substitution written token by token (unrolled over T):
 
       d_s = beta_s (v_s - exp(Gamma_s) W_k[s] - sum_{j<s} exp(Gamma_s - Gamma_j) (k_s . k_j) d_j)
       o_s = exp(Gamma_s) W_q[s] + sum_{j<=s} exp(Gamma_s - Gamma_j) (q_s . k_j) d_j
@@ -251,6 +254,7 @@ def _replay_verify_vec_kernel(
   slot = slot_ids_ref[row]
   kh = h // gqa_ratio
   vs = pl.ds(j * block_v, block_v)
+  K = q_ref.shape[-1]
 
   @pl.when(slot < 0)
   def _padding():
@@ -260,32 +264,34 @@ def _replay_verify_vec_kernel(
   @pl.when(slot >= 0)
   def _verify():
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
-    S0 = ssm_ref[slot, h, vs, :]  # [BV, K]
-    decay_all, w, d_hist, k_hist = _history(
-        write_pos, cache_base, ring_g_ref[slot, h, :], ring_d_ref[slot, h, :, vs],
-        ring_k_ref[slot, kh, :, :])
+    S0 = tile.load(ssm_ref, (slot, h, vs), K, k_chunk)
+    decay_all, w, valid = _history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
+    d_hist = _masked(ring_d_ref[slot, h, :, vs], valid)  # [L, BV]
+    k_hist = tuple(_masked(k_c, valid) for k_c in tile.load(
+        ring_k_ref, (slot, kh, pl.ds(0, L)), K, k_chunk))  # [L, KC] chunks
 
     def apply_hist(x):  # S_hist x = exp(G_m) S0 x + sum_i w_i (k_i . x) d_i       [BV]
-      return (decay_all * reference.state_apply(S0, x)
-              + jnp.sum((reference.state_apply(k_hist, x) * w)[:, None] * d_hist, axis=0))
+      return (decay_all * tile.matvec(S0, x)
+              + jnp.sum((tile.matvec(k_hist, x) * w)[:, None] * d_hist, axis=0))
 
     A_log, dt_bias = A_log_ref[h], dt_bias_ref[h]
-    toks = [token_inputs(q_ref[row, s, kh, :], k_ref[row, s, kh, :], v_ref[row, s, h, vs],
-                         a_ref[row, s, h], b_ref[row, s, h], A_log, dt_bias, scale)
-            for s in range(T)]
     Gamma, ds, k_hats = [], [], []
-    for s, (q_hat, k_hat, v, g, beta) in enumerate(toks):
+    for s in range(T):
+      q_hat = tile.normalized(q_ref, (row, s, kh), K, k_chunk, scale)
+      k_hat = tile.normalized(k_ref, (row, s, kh), K, k_chunk)
+      g, beta = reference.gdn_gating(a_ref[row, s, h], b_ref[row, s, h], A_log, dt_bias)
       Gamma.append(g if s == 0 else Gamma[-1] + g)
-      u = v - jnp.exp(Gamma[s]) * apply_hist(k_hat)
+      u = v_ref[row, s, h, vs].astype(jnp.float32) - jnp.exp(Gamma[s]) * apply_hist(k_hat)
       o = jnp.exp(Gamma[s]) * apply_hist(q_hat)
       for i in range(s):
         decay = jnp.exp(Gamma[s] - Gamma[i])
-        u = u - decay * jnp.sum(k_hat * k_hats[i]) * ds[i]
-        o = o + decay * jnp.sum(q_hat * k_hats[i]) * ds[i]
+        u = u - decay * tile.dot(k_hat, k_hats[i]) * ds[i]
+        o = o + decay * tile.dot(q_hat, k_hats[i]) * ds[i]
       d = beta * u
-      o = o + jnp.sum(q_hat * k_hat) * d
+      o = o + tile.dot(q_hat, k_hat) * d
       ds.append(d)
       k_hats.append(k_hat)
+
       p = (cache_base + write_pos + s) & (L - 1)
       o_ref[row, s, h, vs] = o.astype(o_ref.dtype)
       ring_d_out_ref[slot, h, p, vs] = d.astype(ring_d_out_ref.dtype)
@@ -298,7 +304,7 @@ def _replay_verify_vec_kernel(
 
       @pl.when((j == 0) & (h % gqa_ratio == 0))  # one writer per key head for k_hat and raw k
       def _():
-        ring_k_out_ref[slot, kh, p, :] = k_hat.astype(ring_k_out_ref.dtype)
+        tile.store(ring_k_out_ref, (slot, kh, p), k_hat)
         ring_rawk_out_ref[slot, kh, p, :] = k_ref[row, s, kh, :]
 
 
@@ -341,7 +347,8 @@ def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   B, T, H, K = q.shape
   HV, V = v.shape[2], v.shape[3]
   kernel = functools.partial(
-      _replay_verify_vec_kernel if form == "vec" else _replay_verify_kernel, T=T, L=ring_g.shape[-1], gqa_ratio=HV // H, block_v=tuning.block_v,
+      _replay_verify_vec_kernel if form == "vec" else _replay_verify_kernel, T=T,
+      k_chunk=tuning.k_chunk, L=ring_g.shape[-1], gqa_ratio=HV // H, block_v=tuning.block_v,
       scale=K ** -0.5, precision_k=_mma(dot_precision, K, interpret),
       precision_l=_mma(dot_precision, ring_g.shape[-1], interpret),
       precision_t=_mma("ieee", T, interpret))
@@ -394,7 +401,7 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   args = (ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
           q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
   _check_inputs(*args)
-  tuning.check(v.shape[-1])
+  tuning.check(v.shape[-1], q.shape[-1])
   if dot_precision not in DOT_PRECISIONS:
     raise ValueError(f"dot_precision={dot_precision!r} is unknown; use one of {DOT_PRECISIONS}.")
   if q.shape[1] > MAX_DRAFT_TOKENS:
