@@ -195,11 +195,13 @@ def _hybrid(*, hidden: int, layers: int, interval: int, intermediate: int, gdn_h
 
 PRESETS: dict[str, Preset] = {
     # 8.1 M parameters: 6 GDN (H 4, HV 8, K = V = 64) + 2 attention layers (4 heads of 64,
-    # 2 KV heads), D 256, MLP 704, tied embeddings; 16 K tokens per step.
+    # 2 KV heads), D 256, MLP 704, tied embeddings; 16 K tokens per step (~63 MFLOP per
+    # token for forward + backward, ~1 TFLOP per step). 6000 steps are ~3.6 passes over the
+    # 27.5 M training tokens of CPython 3.12; --time-budget trims them to what fits.
     "small": Preset(
         model=_hybrid(hidden=256, layers=8, interval=4, intermediate=704, gdn_heads=(4, 8),
                       gdn_dims=(64, 64), attn_heads=(4, 2), head_dim=64, seq_len=1024),
-        steps=4000, batch=16, seq_len=1024, lr=2e-3, warmup=200, eval_windows=128,
+        steps=6000, batch=16, seq_len=1024, lr=2e-3, warmup=200, eval_windows=128,
         log_every=50),
     # A CPU check of the whole pipeline (tests/test_train_tiny.py): 3 GDN + 1 attention.
     "smoke": Preset(
