@@ -25,6 +25,7 @@ import functools
 import json
 import platform
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -238,13 +239,24 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="benchmarks/results.json")
   p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth probe")
   p.add_argument("--tiny", action="store_true", help="tiny geometry: a smoke run of every path")
+  p.add_argument("--budget-s", type=float, default=float("inf"),
+                 help="start no new batch size after this many seconds (results so far are kept)")
   args = p.parse_args(argv)
+  start = time.monotonic()
   gdn = TINY if args.tiny else GEOMETRY
   device = jax.devices()[0]
   bw, bw_timing = copy_bandwidth(args.copy_gib)
   print(f"copy bandwidth: {bw / 1e12:.3f} TB/s ({bw_timing.method})", flush=True)
   rows = []
+  result = dict(date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                device=device.device_kind, platform=device.platform, jax=jax.__version__,
+                python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
+                copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
+                rows=rows)
   for B in args.batch:
+    if time.monotonic() - start > args.budget_s:
+      print(f"stopping before B={B}: the {args.budget_s} s budget is spent", flush=True)
+      break
     for name, wp, L, t, model in bench_batch(B, gdn=gdn, reps=args.reps):
       tbps = model / (t.median_us * 1e-6) / 1e12
       rows.append(dict(kernel=name, B=B, wp=wp, L=L, median_us=round(t.median_us, 2),
@@ -254,13 +266,8 @@ def main(argv=None) -> int:
       r = rows[-1]
       print(f"B={B:4d} {name:18s} wp={wp:3d} L={L:3d} {r['median_us']:10.1f} us "
             f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%", flush=True)
-  result = dict(date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                device=device.device_kind, platform=device.platform, jax=jax.__version__,
-                python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
-                copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
-                rows=rows)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
+    with open(args.out, "w") as f:  # after every batch size: a cut-short run keeps its rows
+      json.dump(result, f, indent=1)
   print(f"wrote {args.out}")
   return 0
 

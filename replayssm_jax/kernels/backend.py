@@ -50,18 +50,22 @@ class KernelTuning:
   def state_default(cls, V: int) -> KernelTuning:
     """Launch parameters of the recurrent kernels and the exact fold.
 
-    A [32, 128] fp32 tile is 16 KiB: 32 registers a thread at 4 warps. H200, 2026-11-29,
-    B=256, HV=32, K=V=128: recurrent verify 775 us (82% of copy), fold of 12 records 895 us.
+    H200, 2026-11-30, B=256, HV=32, K=V=128 (benchmarks/NOTES.md run 4): (32, 2 warps, K-chunks
+    of 32) ran the recurrent verify in 789 us, decode in 301 us and the 12-record fold in 595 us;
+    (32, 4) with whole K rows, the old default, 775 / 307 / 828 us.
     """
-    return cls(block_v=min(32, V))
+    return cls(block_v=min(32, V), num_warps=2, k_chunk=32)
 
   @classmethod
   def replay_default(cls, V: int, T: int) -> KernelTuning:
     """Launch parameters of the replay verify (no bitwise tie to the fold).
 
-    H200, 2026-11-29, B=256, HV=32, K=V=128, L=16, bf16: T=4 took 409 us at
-    (block_v 64, 2 warps) against 991 us at (32, 4); T=8 was best at (128, 4).
+    H200, B=256, HV=32, K=V=128, L=16, bf16, write_pos 8: T=1 (vector form, `replay_form`)
+    194 us at (64, 4 warps, K-chunks of 32); T=4 (UT form) 394 us at (64, 2) against 991 us at
+    (32, 4); T=8 was best at (128, 4).
     """
+    if T == 1:
+      return cls(block_v=min(64, V), num_warps=4, k_chunk=32)
     if T <= 4:
       return cls(block_v=min(64, V), num_warps=2)
     return cls(block_v=min(128, V), num_warps=4)

@@ -66,6 +66,15 @@ MAX_DRAFT_TOKENS = 16
 FORMS = ("ut", "vec")
 
 
+def replay_form(T: int) -> str:
+  """The faster form for a T-token window on the H200 (benchmarks/NOTES.md run 4, B=256).
+
+  T=1 (decode): the vector form, 194 us against 298 us for the UT form's best; T=4: the UT
+  form, 397 us against 509 us for the vector form's best.
+  """
+  return "vec" if T == 1 else "ut"
+
+
 def _mma(dot_precision: str, contraction: int, interpret: bool):
   """`precision=` of an in-kernel dot: the knob, or exact fp32 for short contractions.
 
@@ -371,7 +380,7 @@ def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
 def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                   q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
                   tuning: KernelTuning, dot_precision: str, interpret: bool,
-                  form: str = "ut"):
+                  form: str | None = None):
   """Verify outputs of a T-token window from checkpoint + ring; window records into the rings.
 
   Args:
@@ -389,7 +398,8 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
     dot_precision: ``"default"``, ``"tf32"``, ``"bf16"`` or ``"ieee"`` for the in-kernel dots.
     interpret: run the Pallas interpreter (CPU).
     form: ``"ut"``, the window as a ``[T, K]`` tile through tensor-core dots and the UT
-      transform, or ``"vec"``, T separate vectors by multiply-reduce (no dots).
+      transform, or ``"vec"``, T separate vectors by multiply-reduce (no dots); None picks
+      `replay_form` of T.
 
   Returns:
     ``(o, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``, ``o [B, T, HV, V]`` in
@@ -407,6 +417,7 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   if q.shape[1] > MAX_DRAFT_TOKENS:
     raise ValueError(f"T={q.shape[1]} draft tokens exceed the Pallas replay verify's "
                      f"{MAX_DRAFT_TOKENS}; use the xla backend.")
+  form = form or replay_form(q.shape[1])
   if form not in FORMS:
     raise ValueError(f"form={form!r} is unknown; use one of {FORMS}.")
   return _replay_verify_call(*args, tuning=tuning, dot_precision=dot_precision,
