@@ -33,14 +33,12 @@ from flax import nnx
 from replayssm_jax import memory
 from replayssm_jax.config import GDNConfig, SpecConfig, gpu_available
 from replayssm_jax.engine import Engine, Metrics, NgramDrafter, load_model
-from replayssm_jax.engine import loading
+from replayssm_jax.engine.loading import DEFAULT_MODEL
 
 __all__ = ["DEMO_PROMPTS", "MODES", "DemoReport", "DemoSettings", "ModeRun", "ModelLoadError",
            "ProgressBar", "default_backend", "format_report", "report_json", "run_demo"]
 
 MODES = ("off", "recurrent", "replayssm")
-# The embedded model (issue #8); loading.py names it once the weights ship.
-DEFAULT_MODEL: str = getattr(loading, "DEFAULT_MODEL", "tiny-stdlib")
 # The serving-size memory table: `replayssm-jax memory --preset qwen3.5-35b-a3b --slots 49
 # --draft-tokens 4 --ring-len 16` (48 spec slots + the padding slot, SGLang's setting).
 SERVING_PRESET, SERVING_SLOTS, SERVING_T, SERVING_L = "qwen3.5-35b-a3b", 49, 4, 16
