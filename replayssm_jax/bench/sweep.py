@@ -31,12 +31,14 @@ from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
 
 RINGS = replay_kernels.RING_NAMES
 # (form, tuning) pairs of the replay verify; `k_chunk` only matters to the vector form.
-REPLAY = [("ut", KernelTuning(block_v=64, num_warps=2)), ("ut", KernelTuning(block_v=128, num_warps=4))] + [
+# SGLang's replay verify runs one warp per [64, K] tile (research/replayssm-algorithm.md 3.2).
+REPLAY = [("ut", KernelTuning(block_v=bv, num_warps=w))
+          for bv, w in [(64, 1), (64, 2), (128, 1), (128, 2), (128, 4)]] + [
     ("vec", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
     for bv, w, kc in [(32, 2, 32), (32, 4, 32), (64, 2, 32), (64, 4, 32), (64, 4, 64), (128, 4, 32),
                       (128, 8, 32), (128, 8, 64), (128, 4, 128)]]
 STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
-         for bv, w, kc in [(32, 4, 32), (32, 2, 32), (16, 1, 32), (64, 4, 32)]]
+         for bv, w, kc in [(32, 2, 32), (32, 1, 32), (16, 1, 32), (64, 2, 32)]]
 
 
 def sweep_replay(gdn, B, T, wp, reps):
