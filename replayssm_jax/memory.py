@@ -13,7 +13,11 @@ speculative scratch differs:
 `memory_report` computes the numbers from these closed forms;
 `container_memory_report` derives the same report from the cache containers'
 own byte accounting on `jax.eval_shape` results (nothing is allocated), so each
-can check the other. Units are binary: 1 GiB = 2**30 bytes.
+can check the other. `measure_step_bytes` adds what XLA says the compiled,
+donated per-layer steps (`ssm.verify`, `ssm.commit`) of each mode need: it
+lowers and compiles them ahead of time on shape structs, again allocating
+nothing, and reads `Compiled.memory_analysis()`. Units are binary:
+1 GiB = 2**30 bytes.
 
 Qwen3.5-35B-A3B at TP1, 49 slots, T=4, fp32 states: ``intermediate`` is
 30 * 49 * 4 * 32 * 128 * 128 * 4 B = 11.48 GiB, SGLang's "11.5 GB" of spec
@@ -23,12 +27,15 @@ scratch (`research/replayssm-algorithm.md` section 5.1).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from replayssm_jax.config import PRESETS, GDNConfig, SpecConfig
+from replayssm_jax.config import PRESETS, GDNConfig, SpecConfig, gpu_available
 from replayssm_jax.state import ConvCache, RecurrentCache, ReplayCache
 
 _KIB, _MIB, _GIB = 1 << 10, 1 << 20, 1 << 30
@@ -227,6 +234,303 @@ def container_memory_report(gdn: GDNConfig, *, num_slots: int, draft_tokens: int
   )
 
 
+# ----------------------------------------------------------------------------- measured
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepBytes:
+  """XLA's memory analysis of one compiled, donated per-layer step, in bytes.
+
+  Attributes:
+    argument_bytes: all arguments: the donated SSM cache plus ``input_bytes``.
+    input_bytes: the arguments other than the cache (``q, k, v, a, b, A_log,
+      dt_bias, slot_ids`` of a verify; ``slot_ids, accepted`` of a commit),
+      computed exactly from their shapes.
+    output_bytes: all outputs: the new cache, the verify's ``o``, and on CPU
+      XLA's output tuple (8 B per output leaf).
+    temp_bytes: scratch the step needs beyond its arguments and outputs.
+    alias_bytes: outputs that reuse the buffers of donated arguments.
+  """
+
+  argument_bytes: int
+  input_bytes: int
+  output_bytes: int
+  temp_bytes: int
+  alias_bytes: int
+
+  @property
+  def device_bytes(self) -> int:
+    """The step's footprint on the device: arguments + outputs + temp - aliased."""
+    return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AllocatedBytes:
+  """Device memory counters (`jax.Device.memory_stats`) around one real run of a mode's steps.
+
+  Attributes:
+    bytes_in_use_before: before the cache and inputs were allocated.
+    bytes_in_use_with_cache: after allocating one layer's cache and the step inputs.
+    bytes_in_use_after: after one verify and one commit (their results still held).
+    peak_bytes_in_use: the process's peak so far; JAX cannot reset it, so it
+      is this mode's own peak only where it exceeds every earlier one.
+  """
+
+  bytes_in_use_before: int
+  bytes_in_use_with_cache: int
+  bytes_in_use_after: int
+  peak_bytes_in_use: int
+
+  @property
+  def cache_and_inputs_bytes(self) -> int:
+    """What allocating the cache and the inputs added."""
+    return self.bytes_in_use_with_cache - self.bytes_in_use_before
+
+  @property
+  def peak_above_before(self) -> int:
+    """The peak over what was in use before this mode's run (an upper bound of its peak)."""
+    return self.peak_bytes_in_use - self.bytes_in_use_before
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModeBytes:
+  """Measured bytes of one verify mode, all per GDN layer.
+
+  Attributes:
+    mode: ``"recurrent"`` or ``"replayssm"``.
+    cache_bytes: one layer's SSM cache (`RecurrentCache` / `ReplayCache`, the
+      donated argument of both steps), from its shapes; no conv cache.
+    verify: the compiled `ssm.verify`.
+    commit: the compiled `ssm.commit`.
+    allocated: device counters of a real run, or None (not asked, or a device
+      without memory stats, such as the CPU).
+  """
+
+  mode: str
+  cache_bytes: int
+  verify: StepBytes
+  commit: StepBytes
+  allocated: AllocatedBytes | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeasuredBytes:
+  """`measure_step_bytes`'s result: both modes' per-layer steps as XLA compiled them.
+
+  Attributes:
+    gdn: the layer geometry (of one TP rank).
+    num_slots: cache slots.
+    draft_tokens: T.
+    ring_len: L.
+    batch: rows of the measured verify and commit.
+    activation_dtype: dtype name of the inputs, conv and raw rings.
+    ring_dtype: dtype name of the d and normalised-k rings.
+    backend: kernel backend the steps were compiled with (`SpecConfig.backend`).
+    platform: JAX platform that compiled them (``"cpu"``, ``"gpu"``).
+    device_kind: the device's kind (``"cpu"``, ``"NVIDIA H200"``).
+    compile_seconds: wall time of lowering and compiling the four steps.
+    recurrent: the recurrent verify mode.
+    replayssm: ReplaySSM.
+    allocation_note: why no real allocation was measured although it was asked
+      for, else None.
+  """
+
+  gdn: GDNConfig
+  num_slots: int
+  draft_tokens: int
+  ring_len: int
+  batch: int
+  activation_dtype: str
+  ring_dtype: str
+  backend: str
+  platform: str
+  device_kind: str
+  compile_seconds: float
+  recurrent: ModeBytes
+  replayssm: ModeBytes
+  allocation_note: str | None = None
+
+  @property
+  def num_gdn_layers(self) -> int:
+    return self.gdn.num_gdn_layers
+
+  @property
+  def modes(self) -> tuple[ModeBytes, ModeBytes]:
+    """``(recurrent, replayssm)``."""
+    return self.recurrent, self.replayssm
+
+  def model_step_bytes(self, mode: ModeBytes) -> int:
+    """All GDN layers' SSM caches plus what one layer's verify needs beyond its own cache.
+
+    The layers verify one after another, so one step's inputs, outputs and
+    scratch are live at a time next to every layer's cache: an estimate of the
+    GDN part of a model's verify step (without conv caches and the rest of the model).
+    """
+    return self.num_gdn_layers * mode.cache_bytes + mode.verify.device_bytes - mode.cache_bytes
+
+
+def default_measure_backend() -> str:
+  """The backend a machine runs by default: ``"pallas"`` on a GPU, ``"xla"`` on a CPU.
+
+  On a CPU the Pallas kernels run in interpret mode, which compiles to something
+  quite unlike the GPU kernels, so the XLA reference path is the one worth measuring.
+  """
+  return "pallas" if gpu_available() else "xla"
+
+
+def _struct(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+
+
+def _nbytes(structs) -> int:
+  """Bytes of the arrays (or shape structs) in ``structs``."""
+  return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(structs))
+
+
+def _step_bytes(compiled: Any, input_bytes: int, what: str) -> StepBytes:
+  """`StepBytes` of ``compiled``; RuntimeError where the platform has no memory analysis."""
+  stats = compiled.memory_analysis()
+  if stats is None:
+    raise RuntimeError(f"measure_step_bytes: XLA gives no memory analysis of {what} on "
+                       f"{jax.default_backend()}.")
+  return StepBytes(argument_bytes=int(stats.argument_size_in_bytes), input_bytes=input_bytes,
+                   output_bytes=int(stats.output_size_in_bytes),
+                   temp_bytes=int(stats.temp_size_in_bytes),
+                   alias_bytes=int(stats.alias_size_in_bytes))
+
+
+def _run_allocated(stats_fn, init_fn, verify_fn, commit_fn, verify_inputs, commit_inputs
+                   ) -> AllocatedBytes | None:
+  """Allocate a cache for real, run ``verify_fn`` and ``commit_fn`` once, read ``stats_fn()``.
+
+  ``stats_fn`` is a device's ``memory_stats``; where it returns None (the CPU)
+  nothing is allocated and the result is None. ``verify_inputs`` and
+  ``commit_inputs`` are shape structs; the slot ids become ``0 .. B-1`` (distinct,
+  as the steps require) and the other inputs zeros.
+  """
+  before = stats_fn()
+  if before is None:
+    return None
+
+  def value(s: jax.ShapeDtypeStruct, slot_ids: bool) -> jax.Array:
+    return jnp.arange(s.shape[0], dtype=s.dtype) if slot_ids else jnp.zeros(s.shape, s.dtype)
+
+  cache = init_fn()
+  *acts, slot_struct = verify_inputs
+  inputs = [value(s, False) for s in acts] + [value(slot_struct, True)]
+  slot_ids = inputs[-1]
+  accepted = jnp.ones(commit_inputs[1].shape, commit_inputs[1].dtype)
+  jax.block_until_ready((cache, inputs, accepted))
+  with_cache = stats_fn()
+  o, cache = verify_fn(cache, *inputs)
+  cache = commit_fn(cache, slot_ids, accepted)
+  jax.block_until_ready((o, cache))
+  after = stats_fn()
+  del o, cache, inputs, slot_ids, accepted
+  return AllocatedBytes(
+      bytes_in_use_before=int(before.get("bytes_in_use", 0)),
+      bytes_in_use_with_cache=int(with_cache.get("bytes_in_use", 0)),
+      bytes_in_use_after=int(after.get("bytes_in_use", 0)),
+      peak_bytes_in_use=int(after.get("peak_bytes_in_use", 0)))
+
+
+def measure_step_bytes(gdn: GDNConfig, num_slots: int, draft_tokens: int, ring_len: int, *,
+                       batch: int | None = None, activation_dtype: Any = jnp.bfloat16,
+                       ring_dtype: Any = None, backend: str | None = None,
+                       allocate: bool = False) -> MeasuredBytes:
+  """Bytes of the compiled per-layer verify and commit of both modes, from XLA's memory analysis.
+
+  For each mode, one layer's SSM cache is built with `jax.eval_shape` of
+  `ssm.init` (shapes only) and the jitted, cache-donating `ssm.verify` and
+  `ssm.commit` are lowered and compiled ahead of time on shape structs; nothing
+  is allocated, so even a serving-size cache compiles in seconds on a CPU.
+  `StepBytes.device_bytes` = arguments + outputs + temp - aliased is a step's
+  footprint on the device. Everything is per layer; a model runs its GDN layers
+  one after another on their own caches (`MeasuredBytes.model_step_bytes`).
+
+  Args:
+    gdn: layer geometry of one TP rank.
+    num_slots: cache slots, spec slots plus the padding slot.
+    draft_tokens: T, the verify window.
+    ring_len: L, ring records per slot.
+    batch: rows per step; None means ``num_slots - 1`` (every spec slot at once,
+      the padding slot idle), at least 1.
+    activation_dtype: dtype of q, k, v, a, b, the conv inputs and the raw rings.
+    ring_dtype: dtype of the d and normalised-k rings; None means ``activation_dtype``.
+    backend: ``"xla"`` or ``"pallas"``; None means `default_measure_backend`
+      (Pallas on a GPU, XLA on a CPU, where Pallas would compile its interpreter).
+    allocate: also allocate one layer's cache of each mode for real, run each
+      step once and read the device's ``memory_stats()`` (ReplaySSM first). Only
+      where the device has memory stats (GPUs); elsewhere nothing is allocated
+      and `MeasuredBytes.allocation_note` says why.
+
+  Returns:
+    The measurement; `ModeBytes.cache_bytes` equals `memory_report`'s per-layer
+    checkpoint + intermediate (recurrent) or checkpoint + rings + cursors (ReplaySSM).
+
+  Raises:
+    ValueError: a bad slot count, batch, T, L, dtype or backend.
+    RuntimeError: XLA gives no memory analysis on this platform.
+  """
+  from replayssm_jax import ssm  # the kernels: imported only when measuring
+
+  act = _float_dtype("activation_dtype", activation_dtype)
+  if ring_dtype is not None:
+    ring_dtype = _float_dtype("ring_dtype", ring_dtype)
+  _specs(num_slots, draft_tokens, ring_len, ring_dtype)  # validates slots, T, L
+  if batch is None:
+    batch = max(1, num_slots - 1)
+  if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= num_slots:
+    raise ValueError(f"measure_step_bytes: batch={batch!r} must be an integer in "
+                     f"1..num_slots={num_slots} (slot ids of one step are distinct).")
+  backend = default_measure_backend() if backend is None else backend
+  if backend not in ("xla", "pallas"):
+    raise ValueError(f"measure_step_bytes: backend={backend!r} is unknown; use 'xla' or 'pallas'.")
+
+  B, T = batch, draft_tokens
+  H, HV, K, V = gdn.num_k_heads, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
+  verify_inputs = (_struct((B, T, H, K), act), _struct((B, T, H, K), act),
+                   _struct((B, T, HV, V), act), _struct((B, T, HV), act),
+                   _struct((B, T, HV), act), _struct((HV,), jnp.float32),
+                   _struct((HV,), jnp.float32), _struct((B,), jnp.int32))
+  commit_inputs = (_struct((B,), jnp.int32), _struct((B,), jnp.int32))
+  device = jax.devices()[0]
+  allocation_note = None
+  if allocate and device.memory_stats() is None:
+    allocation_note = f"{device.platform} gives no memory_stats(); nothing was allocated"
+
+  start = time.perf_counter()
+  compiled, modes = {}, {}
+  for mode in ("recurrent", "replayssm"):
+    spec = SpecConfig(draft_tokens=T, ring_len=ring_len, verify_mode=mode, backend=backend,
+                      ring_dtype=ring_dtype)
+    cache = jax.eval_shape(functools.partial(ssm.init, gdn, spec, num_slots, dtype=act))
+    verify = ssm.verify.lower(cache, *verify_inputs, spec=spec).compile()
+    commit = ssm.commit.lower(cache, *commit_inputs, spec=spec).compile()
+    compiled[mode] = (spec, verify, commit)
+    modes[mode] = ModeBytes(
+        mode=mode, cache_bytes=cache.nbytes,
+        verify=_step_bytes(verify, _nbytes(verify_inputs), f"the {mode} verify"),
+        commit=_step_bytes(commit, _nbytes(commit_inputs), f"the {mode} commit"))
+  compile_seconds = time.perf_counter() - start
+
+  if allocate and allocation_note is None:
+    for mode in ("replayssm", "recurrent"):  # the smaller first: the peak only grows
+      spec, verify, commit = compiled[mode]
+      allocated = _run_allocated(device.memory_stats,
+                                 functools.partial(ssm.init, gdn, spec, num_slots, dtype=act),
+                                 verify, commit, verify_inputs, commit_inputs)
+      modes[mode] = dataclasses.replace(modes[mode], allocated=allocated)
+
+  replay_spec = compiled["replayssm"][0]
+  return MeasuredBytes(
+      gdn=gdn, num_slots=num_slots, draft_tokens=T, ring_len=ring_len, batch=B,
+      activation_dtype=act.name, ring_dtype=replay_spec.ring_dtype_for(act).name,
+      backend=backend, platform=device.platform, device_kind=device.device_kind,
+      compile_seconds=compile_seconds, recurrent=modes["recurrent"],
+      replayssm=modes["replayssm"], allocation_note=allocation_note)
+
+
 def format_bytes(n: int) -> str:
   """``n`` bytes in binary units with two decimals: ``'11.48 GiB'``, ``'441 B'``."""
   for unit, size in (("GiB", _GIB), ("MiB", _MIB), ("KiB", _KIB)):
@@ -243,8 +547,11 @@ def _title(report: MemoryReport) -> str:
           f"conv_dim={gdn.conv_dim})")
 
 
-def format_table(report: MemoryReport) -> str:
-  """A readable, aligned table of `report` in binary units (GiB / MiB / KiB)."""
+def format_table(report: MemoryReport, measured: MeasuredBytes | None = None) -> str:
+  """A readable, aligned table of `report` in binary units (GiB / MiB / KiB).
+
+  With ``measured``, the `format_measured` section follows it.
+  """
 
   def cell(n: int | None) -> str:
     return "-" if n is None else format_bytes(n)
@@ -281,13 +588,120 @@ def format_table(report: MemoryReport) -> str:
       f"total:        {format_bytes(r.recurrent_total_bytes)} -> "
       f"{format_bytes(r.replayssm_total_bytes)} ({r.total_saving:.2f}x smaller, {freed})",
   ]
+  if measured is not None:
+    lines += ["", format_measured(measured)]
   return "\n".join(lines)
 
 
-def to_json(report: MemoryReport) -> dict[str, Any]:
-  """`report` as a flat JSON-ready dict: inputs, geometry, bytes (ints), totals, savings."""
-  r, gdn = report, report.gdn
+def format_measured(measured: MeasuredBytes) -> str:
+  """The section "measured (XLA memory analysis, <platform>, per layer)" of the table.
+
+  One row per `StepBytes` field of each step, the per-layer cache, and the
+  all-layer rows (caches times the GDN layers; `MeasuredBytes.model_step_bytes`).
+  """
+  m, N = measured, measured.num_gdn_layers
+  rec, rep = m.recurrent, m.replayssm
+  rows: list[tuple[str, int | None, int | None]] = [("SSM cache (donated)", rec.cache_bytes,
+                                                     rep.cache_bytes)]
+  for step in ("verify", "commit"):
+    a, b = getattr(rec, step), getattr(rep, step)
+    rows += [
+        (f"{step}: arguments", a.argument_bytes, b.argument_bytes),
+        (f"{step}: outputs", a.output_bytes, b.output_bytes),
+        (f"{step}: temp", a.temp_bytes, b.temp_bytes),
+        (f"{step}: aliased", a.alias_bytes, b.alias_bytes),
+        (f"{step}: device bytes", a.device_bytes, b.device_bytes),
+    ]
+  if rec.allocated is not None or rep.allocated is not None:
+    def alloc(mode: ModeBytes, field: str) -> int | None:
+      return None if mode.allocated is None else getattr(mode.allocated, field)
+
+    rows += [
+        ("allocated: cache + inputs", alloc(rec, "cache_and_inputs_bytes"),
+         alloc(rep, "cache_and_inputs_bytes")),
+        ("allocated: peak - before", alloc(rec, "peak_above_before"),
+         alloc(rep, "peak_above_before")),
+    ]
+  totals = [
+      (f"SSM caches x {N} layers", N * rec.cache_bytes, N * rep.cache_bytes),
+      (f"{N} caches + one verify", m.model_step_bytes(rec), m.model_step_bytes(rep)),
+  ]
+
+  def cell(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+  label_w = max(len(label) for label, _, _ in rows + totals)
+  col_w = max(len("recurrent"), len("replayssm"),
+              *(len(cell(n)) for _, a, b in rows + totals for n in (a, b)))
+
+  def line(label: str, a: int | None, b: int | None) -> str:
+    return f"{label:<{label_w}}  {cell(a):>{col_w}}  {cell(b):>{col_w}}"
+
+  device = m.platform if m.device_kind.lower() == m.platform else f"{m.platform}, {m.device_kind}"
+  allocated = ("nothing allocated" if rec.allocated is None and rep.allocated is None
+               else "then allocated and run once (memory_stats)")
+  lines = [
+      f"measured (XLA memory analysis, {m.platform}, per layer)",
+      f"backend {m.backend} ({device}); one GDN layer's SSM cache (no conv), donated; "
+      f"{m.batch} rows per step",
+      f"compiled ahead of time on shapes in {m.compile_seconds:.1f} s, {allocated}",
+      "",
+      f"{'':<{label_w}}  {'recurrent':>{col_w}}  {'replayssm':>{col_w}}",
+      *(line(*row) for row in rows),
+      "-" * (label_w + 2 * col_w + 4),
+      *(line(*row) for row in totals),
+      "",
+      "device bytes = arguments + outputs + temp - aliased; arguments = cache + inputs "
+      f"({format_bytes(rec.verify.input_bytes)} verify, {format_bytes(rec.commit.input_bytes)} "
+      "commit)",
+      f"{N} caches + one verify: every layer's cache plus one layer's verify beyond its cache",
+  ]
+  if m.allocation_note:
+    lines.append(f"allocate: {m.allocation_note}")
+  return "\n".join(lines)
+
+
+def measured_to_json(measured: MeasuredBytes) -> dict[str, Any]:
+  """``measured`` as a JSON-ready dict: setup, then per mode the per-layer bytes (ints)."""
+  m = measured
+
+  def step(b: StepBytes) -> dict[str, int]:
+    return {"argument_bytes": b.argument_bytes, "input_bytes": b.input_bytes,
+            "output_bytes": b.output_bytes, "temp_bytes": b.temp_bytes,
+            "alias_bytes": b.alias_bytes, "device_bytes": b.device_bytes}
+
+  def mode(x: ModeBytes) -> dict[str, Any]:
+    allocated = None
+    if x.allocated is not None:
+      allocated = dataclasses.asdict(x.allocated) | {
+          "cache_and_inputs_bytes": x.allocated.cache_and_inputs_bytes,
+          "peak_above_before": x.allocated.peak_above_before}
+    return {"cache_bytes": x.cache_bytes, "verify": step(x.verify), "commit": step(x.commit),
+            "all_layers_cache_bytes": m.num_gdn_layers * x.cache_bytes,
+            "model_step_bytes": m.model_step_bytes(x), "allocated": allocated}
+
   return {
+      "per_layer": True,
+      "source": "XLA memory analysis",
+      "platform": m.platform,
+      "device_kind": m.device_kind,
+      "backend": m.backend,
+      "batch": m.batch,
+      "num_gdn_layers": m.num_gdn_layers,
+      "compile_seconds": m.compile_seconds,
+      "recurrent": mode(m.recurrent),
+      "replayssm": mode(m.replayssm),
+      "allocation_note": m.allocation_note,
+  }
+
+
+def to_json(report: MemoryReport, measured: MeasuredBytes | None = None) -> dict[str, Any]:
+  """`report` as a flat JSON-ready dict: inputs, geometry, bytes (ints), totals, savings.
+
+  With ``measured``, a ``"measured"`` key holds `measured_to_json`.
+  """
+  r, gdn = report, report.gdn
+  data = {
       "preset": r.preset,
       "tp": r.tp,
       "num_slots": r.num_slots,
@@ -313,3 +727,6 @@ def to_json(report: MemoryReport) -> dict[str, Any]:
       "scratch_saving": r.scratch_saving,
       "total_saving": r.total_saving,
   }
+  if measured is not None:
+    data["measured"] = measured_to_json(measured)
+  return data

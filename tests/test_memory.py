@@ -1,4 +1,4 @@
-"""Memory report: closed forms, container cross-check, table, JSON and the CLI."""
+"""Memory report: closed forms, container cross-check, measured bytes, table, JSON and the CLI."""
 
 import dataclasses
 import json
@@ -11,8 +11,9 @@ import pytest
 
 from replayssm_jax import __version__, cli
 from replayssm_jax.config import PRESETS, GDNConfig
-from replayssm_jax.memory import (container_memory_report, format_bytes, format_table,
-                                  identify_preset, memory_report, to_json)
+from replayssm_jax.memory import (AllocatedBytes, container_memory_report, format_bytes,
+                                  format_measured, format_table, identify_preset,
+                                  measure_step_bytes, measured_to_json, memory_report, to_json)
 
 SGLANG_35B = dict(num_slots=49, draft_tokens=4, ring_len=16)  # research 5.1
 INTERMEDIATE_35B = 30 * 49 * 4 * 32 * 128 * 128 * 4
@@ -247,3 +248,178 @@ def test_python_dash_m_error():
   assert proc.returncode == 2
   assert "usage: replayssm-jax memory" in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+# --- measured bytes (XLA memory analysis of the compiled per-layer steps) ---------------------
+
+SMALL = dict(num_slots=5, draft_tokens=4, ring_len=16)  # 4 rows per step
+SMALL_GDN = GDNConfig.preset("qwen3.5-35b-a3b", tp=8)  # H=2, HV=4, K=V=128, 30 GDN layers
+
+
+@pytest.fixture(scope="module")
+def measured():
+  return measure_step_bytes(SMALL_GDN, **SMALL)
+
+
+def _input_bytes(gdn: GDNConfig, B: int, T: int, act: int = 2) -> tuple[int, int]:
+  """Exact bytes of the verify inputs (q, k, v, a, b, A_log, dt_bias, slot_ids) and the commit's."""
+  H, HV, K, V = gdn.num_k_heads, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
+  verify = B * T * (2 * H * K + HV * V + 2 * HV) * act + 2 * HV * 4 + B * 4
+  return verify, 2 * B * 4
+
+
+def test_measured_setup(measured):
+  m = measured
+  assert (m.platform, m.backend, m.batch) == ("cpu", "xla", 4)
+  assert (m.num_slots, m.draft_tokens, m.ring_len, m.num_gdn_layers) == (5, 4, 16, 30)
+  assert (m.activation_dtype, m.ring_dtype) == ("bfloat16", "bfloat16")
+  assert m.recurrent.mode == "recurrent" and m.replayssm.mode == "replayssm"
+  assert m.allocation_note is None
+  assert all(mode.allocated is None for mode in m.modes)
+  assert 0 < m.compile_seconds < 120
+
+
+def test_measured_arguments_are_the_analytical_cache(measured):
+  """Argument bytes = one layer's cache, as memory_report counts it, + the inputs."""
+  report = memory_report(SMALL_GDN, **SMALL)
+  N = SMALL_GDN.num_gdn_layers
+  assert measured.recurrent.cache_bytes == (report.checkpoint_bytes
+                                            + report.intermediate_bytes) // N
+  # Every layer's ReplayCache holds its own cursors; memory_report counts them once.
+  assert measured.replayssm.cache_bytes == ((report.checkpoint_bytes + report.ring_bytes) // N
+                                            + report.cursor_bytes)
+  verify_in, commit_in = _input_bytes(SMALL_GDN, B=4, T=4)
+  for mode in measured.modes:
+    assert (mode.verify.input_bytes, mode.commit.input_bytes) == (verify_in, commit_in)
+    assert mode.verify.argument_bytes == mode.cache_bytes + verify_in, mode.mode
+    assert mode.commit.argument_bytes == mode.cache_bytes + commit_in, mode.mode
+
+
+def test_measured_steps_alias_the_donated_cache(measured):
+  """Every donated step writes the cache in place: no full-buffer copy of it comes out."""
+  B, T, HV, V = 4, 4, SMALL_GDN.num_v_heads, SMALL_GDN.head_v_dim
+  o_bytes = B * T * HV * V * 2
+  for mode in measured.modes:
+    for name, step, extra in (("verify", mode.verify, o_bytes), ("commit", mode.commit, 0)):
+      assert step.alias_bytes >= mode.cache_bytes, (mode.mode, name)
+      # Outputs: the aliased cache, the verify's o, and CPU's output tuple (8 B a leaf).
+      assert 0 <= step.output_bytes - mode.cache_bytes - extra <= 8 * 16, (mode.mode, name)
+      assert step.device_bytes == (step.argument_bytes + step.output_bytes + step.temp_bytes
+                                   - step.alias_bytes)
+
+
+def test_measured_recurrent_verify_carries_intermediate(measured):
+  """The recurrent cache holds T full states per slot; its verify writes T per row."""
+  S, B, T = 5, 4, 4
+  state = SMALL_GDN.num_v_heads * SMALL_GDN.head_v_dim * SMALL_GDN.head_k_dim * 4
+  rec, rep = measured.recurrent, measured.replayssm
+  assert rec.cache_bytes == S * (1 + T) * state
+  # Both verifies output their cache: the difference is `intermediate` minus the rings.
+  assert (rec.verify.output_bytes - rep.verify.output_bytes
+          == rec.cache_bytes - rep.cache_bytes + 8 * (2 - 10))  # 2 vs 10 cache leaves
+  # The xla reference stages the B T states of the window before scattering them in place.
+  assert rec.verify.temp_bytes >= B * T * state
+  # Commit: the recurrent one gathers the B committed states; ReplaySSM moves cursors only.
+  assert rec.commit.temp_bytes >= B * state
+  assert rep.commit.temp_bytes < 4096
+  for step in ("verify", "commit"):
+    assert getattr(rep, step).device_bytes < getattr(rec, step).device_bytes
+
+
+def test_measured_all_layers(measured):
+  N = 30
+  for mode in measured.modes:
+    assert measured.model_step_bytes(mode) == (N * mode.cache_bytes + mode.verify.device_bytes
+                                               - mode.cache_bytes)
+
+
+def test_measured_table_and_json(measured):
+  report = memory_report(SMALL_GDN, **SMALL)
+  table = format_table(report, measured)
+  assert table.startswith(format_table(report) + "\n\n")
+  section = format_measured(measured)
+  assert table.endswith(section)
+  lines = section.splitlines()
+  assert lines[0] == "measured (XLA memory analysis, cpu, per layer)"
+  assert "backend xla (cpu)" in lines[1] and "4 rows per step" in lines[1]
+  assert "nothing allocated" in lines[2]
+  rows = [l for l in lines if l.startswith(("SSM cache", "verify:", "commit:",
+                                            "30 caches + one verify  "))]
+  assert len(rows) == 13
+  assert len({len(row) for row in rows}) == 1
+  assert format_bytes(measured.recurrent.verify.temp_bytes) in section
+  data = to_json(report, measured)
+  assert json.loads(json.dumps(data)) == data
+  assert {k: v for k, v in data.items() if k != "measured"} == to_json(report)
+  m = data["measured"]
+  assert (m["per_layer"], m["platform"], m["backend"], m["batch"]) == (True, "cpu", "xla", 4)
+  for mode in ("recurrent", "replayssm"):
+    assert m[mode]["cache_bytes"] == getattr(measured, mode).cache_bytes
+    assert m[mode]["all_layers_cache_bytes"] == 30 * m[mode]["cache_bytes"]
+    for step in ("verify", "commit"):
+      got = m[mode][step]
+      assert all(type(v) is int for v in got.values())
+      assert got["device_bytes"] == (got["argument_bytes"] + got["output_bytes"]
+                                     + got["temp_bytes"] - got["alias_bytes"])
+
+
+def test_measure_allocate_on_cpu_allocates_nothing():
+  gdn = GDNConfig(num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=8, hidden_size=16,
+                  num_layers=2, num_gdn_layers=1)
+  m = measure_step_bytes(gdn, 3, 2, 4, allocate=True)
+  assert m.allocation_note == "cpu gives no memory_stats(); nothing was allocated"
+  assert m.recurrent.allocated is None and m.replayssm.allocated is None
+  assert "allocate: cpu gives no memory_stats()" in format_measured(m)
+
+
+def test_run_allocated_reads_the_counters():
+  """The GPU path, run on CPU arrays with a fake memory_stats."""
+  from replayssm_jax import ssm
+  from replayssm_jax.config import SpecConfig
+  from replayssm_jax.memory import _run_allocated, _struct
+
+  gdn = GDNConfig(num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=8, hidden_size=16,
+                  num_layers=2, num_gdn_layers=1)
+  spec = SpecConfig(draft_tokens=2, ring_len=4, verify_mode="replayssm")
+  B, T, f32 = 2, 2, jnp.float32
+  verify_inputs = (_struct((B, T, 1, 8), f32), _struct((B, T, 1, 8), f32),
+                   _struct((B, T, 2, 8), f32), _struct((B, T, 2), f32), _struct((B, T, 2), f32),
+                   _struct((2,), f32), _struct((2,), f32), _struct((B,), jnp.int32))
+  commit_inputs = (_struct((B,), jnp.int32), _struct((B,), jnp.int32))
+  readings = iter([{"bytes_in_use": 100, "peak_bytes_in_use": 100},
+                   {"bytes_in_use": 600, "peak_bytes_in_use": 600},
+                   {"bytes_in_use": 650, "peak_bytes_in_use": 900}])
+  calls = []
+
+  def verify(cache, *inputs):
+    calls.append(("verify", inputs[-1].tolist()))
+    return ssm.verify(cache, *inputs, spec=spec)
+
+  def commit(cache, slot_ids, accepted):
+    calls.append(("commit", slot_ids.tolist(), accepted.tolist()))
+    return ssm.commit(cache, slot_ids, accepted, spec=spec)
+
+  allocated = _run_allocated(lambda: next(readings),
+                             lambda: ssm.init(gdn, spec, 3, dtype=f32), verify, commit,
+                             verify_inputs, commit_inputs)
+  assert calls == [("verify", [0, 1]), ("commit", [0, 1], [1, 1])]
+  assert allocated == AllocatedBytes(bytes_in_use_before=100, bytes_in_use_with_cache=600,
+                                     bytes_in_use_after=650, peak_bytes_in_use=900)
+  assert (allocated.cache_and_inputs_bytes, allocated.peak_above_before) == (500, 800)
+  assert _run_allocated(lambda: None, None, None, None, verify_inputs, commit_inputs) is None
+
+
+@pytest.mark.parametrize("kwargs, fragments", [
+    (dict(batch=0), ["batch=0", "1..num_slots=5"]),
+    (dict(batch=6), ["batch=6", "1..num_slots=5"]),
+    (dict(backend="triton"), ["backend='triton'", "'xla' or 'pallas'"]),
+    (dict(ring_len=12), ["ring_len=12", "power of two"]),
+    (dict(num_slots=0), ["num_slots=0"]),
+], ids=["batch0", "batch-above-slots", "triton", "L12", "slots0"])
+def test_measure_invalid_inputs(kwargs, fragments):
+  args = dict(SMALL) | kwargs
+  with pytest.raises(ValueError) as info:
+    measure_step_bytes(SMALL_GDN, **args)
+  for fragment in fragments:
+    assert fragment in str(info.value)
+
