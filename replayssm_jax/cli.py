@@ -3,7 +3,8 @@
 Subcommands:
 
 - ``memory``: GDN cache memory of a preset model, recurrent verify against
-  ReplaySSM (`replayssm_jax.memory`).
+  ReplaySSM (`replayssm_jax.memory`); ``--measure`` adds XLA's memory analysis
+  of the compiled per-layer steps.
 - ``generate``: generate text with speculative decoding (`replayssm_jax.engine`).
 - ``demo``: the three decoding modes side by side on the embedded model
   (`replayssm_jax.demo`).
@@ -28,18 +29,29 @@ Handler = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
 
 
 def _cmd_memory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-  """Print the memory table (or JSON) of ``args.preset``."""
+  """Print the memory table (or JSON) of ``args.preset``; ``--measure`` adds XLA's figures."""
+  if not args.measure:
+    for flag, value in (("--batch", args.batch), ("--backend", args.backend),
+                        ("--allocate", args.allocate or None)):
+      if value is not None:
+        parser.error(f"{flag} needs --measure")
+  measured = None
   try:
     gdn = GDNConfig.preset(args.preset, tp=args.tp)
     report = memory.memory_report(gdn, num_slots=args.slots, draft_tokens=args.draft_tokens,
                                   ring_len=args.ring_len, activation_dtype=args.activation_dtype,
                                   ring_dtype=args.ring_dtype)
+    if args.measure:
+      measured = memory.measure_step_bytes(
+          gdn, args.slots, args.draft_tokens, args.ring_len, batch=args.batch,
+          activation_dtype=args.activation_dtype, ring_dtype=args.ring_dtype,
+          backend=args.backend, allocate=args.allocate)
   except ValueError as e:
     parser.error(str(e))  # exits with code 2
   if args.json:
-    print(json.dumps(memory.to_json(report), indent=2))
+    print(json.dumps(memory.to_json(report, measured), indent=2))
   else:
-    print(memory.format_table(report))
+    print(memory.format_table(report, measured))
   return 0
 
 
@@ -64,6 +76,18 @@ def _add_memory(subparsers) -> None:
   p.add_argument("--ring-dtype", choices=_DTYPES, default=None,
                  help="d and normalised-k rings (default: the activation dtype)")
   p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+  p.add_argument("--measure", action="store_true",
+                 help="add measured bytes: compile one layer's verify and commit of each mode "
+                      "ahead of time on shapes (nothing allocated) and read XLA's memory "
+                      "analysis (per layer; a few seconds)")
+  p.add_argument("--batch", type=int, default=None, metavar="B",
+                 help="with --measure: rows per step (default: slots - 1)")
+  p.add_argument("--backend", choices=("xla", "pallas"), default=None,
+                 help="with --measure: kernels to compile (default: pallas on a GPU, xla on a "
+                      "CPU, where Pallas compiles its interpreter)")
+  p.add_argument("--allocate", action="store_true",
+                 help="with --measure, on a GPU: also allocate one layer's caches for real, "
+                      "run each step once and report the device's memory_stats()")
   p.set_defaults(handler=_cmd_memory, subparser=p)
 
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from replayssm_jax import __version__, cli
+from replayssm_jax import memory as memory_module
 from replayssm_jax.config import PRESETS, GDNConfig
 from replayssm_jax.memory import (AllocatedBytes, container_memory_report, format_bytes,
                                   format_measured, format_table, identify_preset,
@@ -423,3 +424,47 @@ def test_measure_invalid_inputs(kwargs, fragments):
   for fragment in fragments:
     assert fragment in str(info.value)
 
+
+SMALL_ARGS = ["memory", "--preset", "qwen3.5-35b-a3b", "--tp", "8", "--slots", "5",
+              "--draft-tokens", "4", "--ring-len", "16"]
+
+
+def test_cli_measure_json(capsys, measured):
+  assert cli.main([*SMALL_ARGS, "--measure", "--json"]) == 0
+  data = json.loads(capsys.readouterr().out)
+  expected = measured_to_json(measured)
+  got = data.pop("measured")
+  assert data == to_json(memory_report(SMALL_GDN, **SMALL))
+  got.pop("compile_seconds"), expected.pop("compile_seconds")
+  assert got == expected
+
+
+def test_cli_measure_table(capsys, monkeypatch, measured):
+  """The options reach measure_step_bytes (stubbed here: the fixture's result, no compile)."""
+  seen = []
+
+  def fake(*args, **kwargs):
+    seen.append((args, kwargs))
+    return measured
+
+  monkeypatch.setattr(memory_module, "measure_step_bytes", fake)
+  assert cli.main([*SMALL_ARGS, "--measure", "--batch", "2", "--backend", "xla",
+                   "--allocate", "--activation-dtype", "float16"]) == 0
+  out = capsys.readouterr().out
+  assert out == format_table(memory_report(SMALL_GDN, **SMALL, activation_dtype=jnp.float16),
+                             measured) + "\n"
+  assert seen == [((SMALL_GDN, 5, 4, 16), dict(batch=2, activation_dtype="float16",
+                                                ring_dtype=None, backend="xla", allocate=True))]
+
+
+@pytest.mark.parametrize("extra, fragments", [
+    (["--batch", "2"], ["--batch needs --measure"]),
+    (["--backend", "xla"], ["--backend needs --measure"]),
+    (["--allocate"], ["--allocate needs --measure"]),
+    (["--measure", "--batch", "9"], ["batch=9", "1..num_slots=5"]),
+    (["--measure", "--backend", "triton"], ["--backend", "invalid choice: 'triton'"]),
+], ids=["batch", "backend", "allocate", "batch-too-big", "backend-triton"])
+def test_cli_measure_invalid(capsys, extra, fragments):
+  err = _cli_error(capsys, [*SMALL_ARGS, *extra])
+  for fragment in fragments:
+    assert fragment in err
