@@ -407,4 +407,7 @@ def replay_apply(
   d, k_hat, x = _mask_records(d, valid, dt), _mask_records(k_hat, valid, dt), x.astype(dt)
   kx = jnp.einsum("bmhk,bhk->bmh", k_hat, x, precision=_HIGHEST)
   upd = jnp.einsum("bmh,bmhv->bhv", w * kx, d, precision=_HIGHEST)
-  return decay[..., None] * state_apply(S0.astype(dt), x) + upd
+  # A dot, not `state_apply`'s multiply-reduce: vmapped over a window, the latter materialises
+  # one product the size of the checkpoint per token (XLA temp of T full states).
+  S0x = jnp.einsum("bhvk,bhk->bhv", S0.astype(dt), x, precision=_HIGHEST)
+  return decay[..., None] * S0x + upd
