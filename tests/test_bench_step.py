@@ -1,0 +1,89 @@
+"""The end-to-end step benchmark: a --tiny smoke run on the CPU and its aliasing check.
+
+The numbers of a tiny CPU run mean nothing; these tests check that every stage runs (one
+subprocess per mode, as on the GPU), that the JSON holds what the device run will report,
+and that the no-copy check accepts the donated per-layer loop and catches real copies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax.numpy as jnp
+import pytest
+
+from replayssm_jax.bench import step
+
+
+def test_tiny_smoke_run(tmp_path):
+  out = tmp_path / "step.json"
+  assert step.main(["--tiny", "--batch", "3", "--layers", "2", "--reps", "3", "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  rows = {row["mode"]: row for row in result["rows"]}
+  assert set(rows) == {"recurrent", "replayssm"}
+  for row in rows.values():
+    assert row["status"] == "ok", row.get("error")
+    assert row["B"] == 3 and row["layers"] == 2 and row["backend"] == "xla"
+    for key in ("median_us", "p20_us", "p80_us"):
+      assert math.isfinite(row[key]) and row[key] > 0
+    assert row["no_cache_copy"] and row["cache_copies"] == []
+    assert row["alias_bytes"] >= row["cache_bytes"] > 0
+    assert row["analysis_peak_bytes"] > 0 and row["temp_bytes"] >= 0
+  assert rows["replayssm"]["scratch_bytes"] < rows["recurrent"]["scratch_bytes"]
+  assert rows["replayssm"]["checkpoint_bytes"] == rows["recurrent"]["checkpoint_bytes"]
+  (summary,) = result["summary"]
+  assert summary["B"] == 3 and summary["scratch_vs_peak"] > 0 and summary["speedup"] > 0
+  assert result["layers"] == 2 and result["tiny"]
+
+
+def test_budget_stops_before_a_new_batch(tmp_path):
+  out = tmp_path / "step.json"
+  assert step.main(["--tiny", "--budget-s", "0", "--batch", "2", "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  assert result["rows"] == [] and result["stopped_before_B"] == 2
+
+
+def _compiled(mode: str, layout: str, *, donate: bool = True, chain: bool = True):
+  gdn, B, layers = step.geometry(True), 3, 2
+  spec = step.spec_for(mode, "xla")
+  caches = step.make_caches(gdn, spec, B, layers, layout=layout)
+  inputs = step.make_inputs(gdn, B, layers, layout=layout)
+  fn = step.make_step(spec, layout, donate=donate, chain=chain)
+  args = (caches, inputs, jnp.arange(B, dtype=jnp.int32), step.accepted_counts(B))
+  return fn.lower(*args).compile(), caches
+
+
+@pytest.mark.parametrize("chain", [True, False])
+@pytest.mark.parametrize("mode", step.MODES)
+def test_donated_loop_step_copies_no_cache(mode, chain):
+  compiled, caches = _compiled(mode, "loop", chain=chain)
+  step.assert_no_cache_copy(compiled, caches)
+
+
+@pytest.mark.parametrize("mode", step.MODES)
+def test_no_copy_check_catches_copies(mode):
+  """The stacked scan copies the checkpoint (its outputs are fresh buffers); without donation
+  nothing aliases. The check must fail on both."""
+  compiled, caches = _compiled(mode, "scan")
+  copies = step.cache_copies(compiled, caches)
+  stacked_checkpoint = "f32[" + ",".join(map(str, caches.ssm.shape)) + "]"
+  assert any(stacked_checkpoint in line for line in copies), copies
+  with pytest.raises(AssertionError, match="copies of cache arrays"):
+    step.assert_no_cache_copy(compiled, caches)
+  compiled, caches = _compiled(mode, "loop", donate=False)
+  with pytest.raises(AssertionError, match="donated cache bytes alias"):
+    step.assert_no_cache_copy(compiled, caches)
+
+
+def test_scratch_bytes_match_the_memory_report():
+  """The recurrent and ReplaySSM spec scratch of the full geometry equals `memory_report`'s."""
+  from replayssm_jax.memory import memory_report
+
+  gdn = step.geometry(False)
+  report = memory_report(gdn, num_slots=256, draft_tokens=step.T, ring_len=step.L)
+  rec = step.static_bytes(gdn, step.spec_for("recurrent", "xla"), 256, gdn.num_gdn_layers)
+  rep = step.static_bytes(gdn, step.spec_for("replayssm", "xla"), 256, gdn.num_gdn_layers)
+  assert rec["scratch_bytes"] == report.intermediate_bytes
+  assert rep["scratch_bytes"] == report.ring_bytes
+  assert rec["checkpoint_bytes"] == rep["checkpoint_bytes"] == report.checkpoint_bytes
