@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: GPU tests (Pallas compiled through Triton), then the kernel benchmark.
+# One device call: GPU tests (Pallas compiled through Triton), then the kernel benchmark (and, with
+# STEP_BENCH=1, the end-to-end step benchmark into $OUT/step.json).
 # Run from the repository root on the H200 (device tool):  bash benchmarks/run_h200.sh
 # Logs and the results JSON go to $OUT (or ./out when OUT is unset).
 set -uo pipefail
@@ -13,3 +14,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     -k "${TEST_FILTER:-compiled or pallas or exactly_full or idempotent}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi
 python3 -m replayssm_jax.bench.kernels --out "$OUT/results.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+# Optional (STEP_BENCH=1): the end-to-end step of all 30 GDN layers, recurrent vs ReplaySSM, time and
+# peak memory, one subprocess per mode and batch size (replayssm_jax/bench/step.py).
+if [ "${STEP_BENCH:-0}" = 1 ]; then
+  python3 -m replayssm_jax.bench.step --out "$OUT/step.json" ${STEP_ARGS:-} 2>&1 | tee "$OUT/step.log"
+fi
