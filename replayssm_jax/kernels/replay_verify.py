@@ -24,6 +24,9 @@ other ring entry is left bitwise untouched, and ``ssm`` is only read. A row with
 
 Kernel layout: grid (B, HV, V // BV), one program per ``[BV, K]`` checkpoint tile, whole-array
 refs indexed by the row's slot (as `recurrent.py`), no loop: every load is issued up front.
+Two forms of the same math (`replay_form` picks by T): ``"ut"``, below, holds the window as
+``[T, K]`` tiles and uses tensor-core dots (T >= 2); ``"vec"`` (`_replay_verify_vec_kernel`)
+holds T separate vectors and the checkpoint as K-chunks (`tile`), with no dots (decode, T = 1).
 
 - T need not be a power of two, but every Triton tensor must be (jax-ecosystem.md section
   1.5). The window is held as ``T_pad = next_power_of_2(T)`` rows, gathered with the token
