@@ -1,0 +1,94 @@
+"""Compile every triton kernel for an H200 (sm_90) on any machine; report registers and spills.
+
+``python -m replayssm_jax.kernels.triton.compile_check [--json]`` compiles the launches of the
+anchor geometry (HV=32, H=16, K=V=128, T=4, L=16, bf16 activations and rings, fp32
+checkpoint; the decode-shaped kernels at T=1) with the backend's default tunings, exactly as
+jax-triton would specialise them, and prints ``ptxas -v``'s registers and spill bytes. No GPU
+is needed: Triton compiles to PTX and the ptxas of the triton wheel assembles it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+
+from replayssm_jax.kernels.backend import KernelTuning
+from replayssm_jax.kernels.triton import replay_tuning, state_tuning
+from replayssm_jax.kernels.triton.fold import fold_launch
+from replayssm_jax.kernels.triton.launch import Launch, compile_sm90, resource_usage
+from replayssm_jax.kernels.triton.recurrent import recurrent_launch
+from replayssm_jax.kernels.triton.replay_verify import replay_verify_launch
+
+ANCHOR = dict(H=16, HV=32, K=128, V=128, T=4, L=16, slots=8, B=4)
+
+
+def _shapes(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int, B: int, act, ring):
+  """`jax.ShapeDtypeStruct`s of one layer's arrays, by name."""
+  f32, i32 = jnp.float32, jnp.int32
+  shapes = dict(
+      q=((B, T, H, K), act), k=((B, T, H, K), act), v=((B, T, HV, V), act),
+      a=((B, T, HV), act), b=((B, T, HV), act), A_log=((HV,), f32), dt_bias=((HV,), f32),
+      slot_ids=((B,), i32), write_pos=((B,), i32), cache_base=((B,), i32), count=((B,), i32),
+      ssm=((slots, HV, V, K), f32), intermediate=((slots, T, HV, V, K), f32),
+      ring_d=((slots, HV, L, V), ring), ring_k=((slots, H, L, K), ring),
+      ring_g=((slots, HV, L), f32), ring_beta=((slots, HV, L), f32),
+      ring_rawk=((slots, H, L, K), act), ring_rawv=((slots, HV, L, V), act))
+  return {n: jax.ShapeDtypeStruct(s, d) for n, (s, d) in shapes.items()}
+
+
+def launches(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int = 8, B: int = 4,
+             act=jnp.bfloat16, ring=jnp.bfloat16, state: KernelTuning | None = None,
+             dot_precision: str = "default") -> dict[str, Launch]:
+  """The launches of every kernel at one geometry: T-token verifies, T=1 decodes, the fold."""
+  state = state or state_tuning(V)
+  win = _shapes(H=H, HV=HV, K=K, V=V, T=T, L=L, slots=slots, B=B, act=act, ring=ring)
+  one = _shapes(H=H, HV=HV, K=K, V=V, T=1, L=L, slots=slots, B=B, act=act, ring=ring)
+  window = lambda x: [x[n] for n in ("slot_ids", "q", "k", "v", "a", "b", "A_log", "dt_bias")]
+  replay = lambda x: [x[n] for n in ("ssm", "ring_d", "ring_k", "ring_g", "ring_beta",
+                                     "ring_rawk", "ring_rawv", "q", "k", "v", "a", "b", "A_log",
+                                     "dt_bias", "slot_ids", "write_pos", "cache_base")]
+  return {
+      f"recurrent_verify_T{T}": recurrent_launch(*window(win), win["ssm"], win["intermediate"],
+                                                 tuning=state),
+      "recurrent_decode": recurrent_launch(*window(one), one["ssm"], None, tuning=state),
+      f"exact_fold_L{L}": fold_launch(*(win[n] for n in ("ssm", "ring_rawk", "ring_rawv", "ring_g",
+                                                         "ring_beta", "slot_ids", "count",
+                                                         "cache_base")), tuning=state),
+      f"replay_verify_ut_T{T}": replay_verify_launch(
+          *replay(win), tuning=replay_tuning(V, T), dot_precision=dot_precision, form="ut"),
+      "replay_verify_ut_T1": replay_verify_launch(
+          *replay(one), tuning=replay_tuning(V, 4), dot_precision=dot_precision, form="ut"),
+      "replay_verify_vec_T1": replay_verify_launch(
+          *replay(one), tuning=replay_tuning(V, 1), dot_precision=dot_precision, form="vec"),
+  }
+
+
+def report(launch_set: dict[str, Launch]) -> dict[str, dict]:
+  """``{name: {n_regs, spill_stores, spill_loads, shared_bytes, launch, num_warps}}``."""
+  rows = {}
+  for name, launch in launch_set.items():
+    usage = resource_usage(compile_sm90(launch))
+    rows[name] = dict(usage, launch=launch.name, num_warps=launch.num_warps)
+  return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--json", action="store_true", help="print JSON")
+  args = parser.parse_args(argv)
+  rows = report(launches(**ANCHOR))
+  if args.json:
+    print(json.dumps(rows, indent=1))
+    return
+  print(f"sm_90, {ANCHOR}, bf16 activations and rings")
+  print(f"{'kernel':24} {'launch':48} {'regs':>5} {'spill st/ld':>12} {'smem':>6}")
+  for name, r in rows.items():
+    print(f"{name:24} {r['launch']:48} {r['n_regs']:5d} "
+          f"{r['spill_stores']:5d}/{r['spill_loads']:<6d} {r['shared_bytes']:6d}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,201 @@
+"""One launch description per kernel call, run through jax-triton, Triton's interpreter, or compiled only.
+
+A `Launch` names a ``@triton.jit`` kernel, its grid, its array arguments in the kernel's order
+(inputs, then outputs), which outputs alias which inputs (in place, `input_output_aliases`), its
+``tl.constexpr`` arguments and the launch parameters. Three consumers:
+
+- `run` on a GPU: `jax_triton.triton_call`, whose output buffers are appended to the inputs
+  exactly as the kernels' signatures list them. jax-triton imports only where JAX has a GPU,
+  so it is imported here on first use.
+- `run` under Triton's interpreter (``TRITON_INTERPRET=1`` set before `triton` is imported:
+  ``triton.jit`` then builds interpreted functions): a `jax.pure_callback` that runs the
+  kernel over host copies of the arrays (CPU, for tests; fresh outputs are filled with NaN,
+  so whatever a kernel fails to write shows).
+- `compile_sm90` on any machine: Triton's own compile for an H200 (sm_90) with the
+  specialisation jax-triton uses (every array 16-byte aligned), and `resource_usage` from
+  ``ptxas -v`` (the ptxas bundled with the triton wheel).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import triton
+
+from replayssm_jax.kernels.triton.tile import INTERPRET
+
+# Triton's pointer types by JAX dtype name.
+_TRITON_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int32": "i32",
+                 "int64": "i64", "int8": "i8", "bool": "i1"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Launch:
+  """A kernel call.
+
+  Attributes:
+    kernel: the ``@triton.jit`` function; its array parameters are ``inputs`` then ``outputs``.
+    name: the custom call's name (kernel, T and tuning, e.g. ``triton_fold_L16_bv32_w2_kc8``).
+    grid: programs along x, y, z.
+    inputs: the array arguments, in the kernel's order: arrays, or `jax.ShapeDtypeStruct`s to
+      compile only.
+    outputs: output name -> the input name it aliases (updated in place) or the
+      `jax.ShapeDtypeStruct` of a fresh output.
+    constexprs: the kernel's ``tl.constexpr`` arguments.
+    num_warps, num_stages: Triton launch parameters.
+  """
+
+  kernel: Any
+  name: str
+  grid: tuple[int, ...]
+  inputs: dict[str, Any]
+  outputs: dict[str, str | jax.ShapeDtypeStruct]
+  constexprs: dict[str, Any]
+  num_warps: int
+  num_stages: int
+
+  def out_shapes(self) -> list[jax.ShapeDtypeStruct]:
+    return [jax.ShapeDtypeStruct(self.inputs[o].shape, self.inputs[o].dtype) if isinstance(o, str)
+            else o for o in self.outputs.values()]
+
+  def aliases(self) -> dict[int, int]:
+    """``input_output_aliases``: input position -> output position, from the names."""
+    names = list(self.inputs)
+    return {names.index(o): i for i, o in enumerate(self.outputs.values()) if isinstance(o, str)}
+
+
+def run(launch: Launch) -> tuple[jax.Array, ...]:
+  """Run the kernel: jax-triton on a GPU, or Triton's interpreter under ``TRITON_INTERPRET=1``."""
+  if INTERPRET:
+    return _run_interpreted(launch)
+  import jax_triton  # needs a GPU build of jaxlib
+
+  return tuple(jax_triton.triton_call(
+      *launch.inputs.values(), kernel=launch.kernel, out_shape=launch.out_shapes(),
+      grid=launch.grid, name=launch.name, num_warps=launch.num_warps,
+      num_stages=launch.num_stages, input_output_aliases=launch.aliases(), **launch.constexprs))
+
+
+# ----------------------------------------------------------------------------- interpreter
+
+
+class _HostArray:
+  """Just enough of a torch tensor for Triton's interpreter: a numpy buffer by address."""
+
+  def __init__(self, array: np.ndarray):
+    self.array = array
+
+  def data_ptr(self) -> int:
+    return self.array.ctypes.data
+
+  @property
+  def dtype(self) -> str:
+    return f"torch.{self.array.dtype.name}"
+
+
+def _interpret(launch: Launch, *arrays: np.ndarray) -> list[np.ndarray]:
+  from triton.runtime import interpreter
+
+  buffers = [np.array(a) for a in arrays]  # writable copies; aliased outputs write into them
+  by_name = dict(zip(launch.inputs, buffers))
+  outputs = [by_name[o] if isinstance(o, str) else np.full(o.shape, np.nan, o.dtype)
+             if jnp.issubdtype(o.dtype, jnp.floating) else np.zeros(o.shape, o.dtype)
+             for o in launch.outputs.values()]
+  executor = interpreter.GridExecutor(launch.kernel.rewrite(), launch.kernel.arg_names, launch.grid)
+  # The executor copies torch tensors to and from the host around the run; these are host memory.
+  executor._init_args_hst = lambda args, kwargs: (args, kwargs)
+  executor._restore_args_dev = lambda *_: None
+  with _interpreter_fixes():
+    executor(*(_HostArray(x) for x in buffers + outputs), **launch.constexprs)
+  return outputs
+
+
+@contextlib.contextmanager
+def _interpreter_fixes():
+  """Two differences of Triton 3.6's interpreter from the GPU, mended for the run.
+
+  - fp32 -> bf16 casts: the GPU rounds to nearest even (``cvt.rn.bf16.f32``); the interpreter
+    truncates (its default rounding reaches it as None).
+  - A loop bound loaded from memory (``range(count)``) is a 1-element array, which NumPy >= 2.5
+    no longer converts with ``int()``.
+  """
+  import triton.language as tl
+  from triton.runtime import interpreter
+
+  builder, fp_trunc = interpreter.interpreter_builder, interpreter.interpreter_builder.create_fp_trunc
+  patch_lang_tensor = interpreter._patch_lang_tensor
+
+  def fp_trunc_rtne(src, dst_type):
+    if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+      data = src.data.astype(np.float32).astype(jnp.bfloat16).view(np.uint16)
+      return interpreter.TensorHandle(data, dst_type.scalar)
+    return fp_trunc(src, dst_type)
+
+  def patch_lang_tensor_with_index(tensor, scope):
+    patch_lang_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+  builder.create_fp_trunc = fp_trunc_rtne
+  interpreter._patch_lang_tensor = patch_lang_tensor_with_index
+  try:
+    yield
+  finally:
+    del builder.create_fp_trunc
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+def _run_interpreted(launch: Launch) -> tuple[jax.Array, ...]:
+  out = jax.pure_callback(lambda *a: _interpret(launch, *a), launch.out_shapes(),
+                          *launch.inputs.values())
+  return tuple(out)
+
+
+# ----------------------------------------------------------------------------- compile only
+
+
+def signature(launch: Launch) -> dict[str, str]:
+  """Triton's signature of the launch: pointer types of the arrays, then the constexprs."""
+  names = launch.kernel.arg_names
+  arrays = list(launch.inputs.values()) + launch.out_shapes()
+  if (len(arrays) + len(launch.constexprs) != len(names)
+      or set(names[len(arrays):]) != set(launch.constexprs)):
+    raise ValueError(f"{launch.name}: the kernel's parameters {names} do not match "
+                     f"{len(arrays)} arrays and constexprs {sorted(launch.constexprs)}.")
+  types = [f"*{_TRITON_TYPES[jnp.dtype(x.dtype).name]}" for x in arrays]
+  return {name: types[i] if i < len(arrays) else "constexpr" for i, name in enumerate(names)}
+
+
+def compile_sm90(launch: Launch, capability: int = 90):
+  """Compile the launch for an sm_90 GPU (no GPU needed); returns Triton's compiled kernel."""
+  from triton.backends.compiler import GPUTarget
+
+  sig = signature(launch)
+  attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
+  source = triton.compiler.ASTSource(fn=launch.kernel, signature=sig,
+                                     constexprs=launch.constexprs, attrs=attrs)
+  return triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                        options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages))
+
+
+def resource_usage(compiled, capability: int = 90) -> dict[str, int]:
+  """Registers, spills and shared memory of a compiled kernel, from ``ptxas -v`` on its PTX."""
+  from triton.backends.nvidia.compiler import get_ptxas
+
+  with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+    ptx.write(compiled.asm["ptx"])
+    ptx.flush()
+    log = subprocess.run([get_ptxas(capability).path, "-v", f"--gpu-name=sm_{capability}a",
+                          ptx.name, "-o", "/dev/null"], capture_output=True, text=True, check=True)
+  text = log.stdout + log.stderr
+  regs = re.search(r"Used (\d+) registers", text)
+  spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+  return dict(n_regs=int(regs.group(1)), spill_stores=int(spills.group(1)),
+              spill_loads=int(spills.group(2)), shared_bytes=compiled.metadata.shared)

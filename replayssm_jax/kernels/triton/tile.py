@@ -1,0 +1,150 @@
+"""The shared arithmetic of the native Triton kernels: gates, norms, and the fp32 state tile.
+
+Every ``@triton.jit`` function here mirrors one function of `replayssm_jax.reference` operation
+for operation (`gating` = ``gdn_gating``, `l2_normalize` = ``l2_normalize``, `delta_rule_step`
+= ``delta_rule_step``). The recurrent kernels and the exact fold go through the same functions
+with the same launch parameters (block_v, k_chunk, num_warps), which is what keeps the folded
+checkpoint bitwise equal to the recurrent state (DESIGN section 4).
+
+State tile layout (`state_offsets`). A program owns ``S = ssm[slot, h, j*BV:(j+1)*BV, :]``
+(``[BV, K]``, K contiguous in memory), held as a 3-D tensor ``[BV, NC, KC]`` with
+``NC = K // KC`` chunks of ``KC = min(k_chunk, K)``. Triton gives a tensor the layout of its
+coalesced loads: 4 fp32 (16 bytes) per thread along the contiguous axis, then lanes along that
+axis (``KC // 4`` of them), then lanes along the next axis in its order, which for a 3-D tile
+is axis 0 (BV) before axis 1 (NC). So the chunk axis NC stays in registers, and a product
+``S x = sum_k S[:, k] x[k]`` (`matvec`) adds the NC chunks in-thread first (``tl.sum`` over
+axis 1) and then the KC axis (4 in-thread, then ``log2(KC // 4)`` shuffle rounds): with KC = 8,
+one shuffle round per row instead of the 5 of a ``[BV, 128]`` tile with 32 lanes along K
+(benchmarks/NOTES.md, run 3: the fold is bound by those shuffles; K-chunks of 32 cut it 24%
+in run 4). The cost is registers: a thread holds its rows' 4 * NC state elements and the same
+number of elements of each K-vector (k_hat, q_hat).
+
+The K-vectors of a token (q, k, raw k) are loaded straight into the tile's layout: a
+``[BV, NC, KC]`` broadcast load of the one vector (every V-row of the tile reads the same
+addresses, served by L1) with the contiguity capped at 4 elements (`tl.max_contiguous`). A
+bf16 vector then gets the same layout as the fp32 tile (an uncapped bf16 load takes 8
+elements per thread, a different layout, and Triton would convert the state tile to it in
+every step). Checked on the CPU (tests/test_kernels_triton.py): the loop-carried state of the
+recurrent verify, the decode and the fold compile to one layout.
+
+Math functions. ``exp`` and ``log1p`` are libdevice's (``__nv_expf``, ``__nv_log1pf``), and
+divisions and square roots are IEEE (``div_rn``, ``sqrt_rn``): Triton's defaults
+(``ex2.approx``, ``div.full``, ``sqrt.approx``) are approximate, and the gates and norms should
+round as XLA's do on the GPU. In Triton's interpreter (``TRITON_INTERPRET=1``, CPU) libdevice
+does not exist and numpy's functions stand in.
+
+Not yet run on a GPU: compiled for sm_90 and run in Triton's interpreter on a CPU (2026-11-30).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from replayssm_jax import reference
+
+INTERPRET = bool(triton.knobs.runtime.interpret)  # read by triton.jit at import, as here
+
+L2_EPS = tl.constexpr(reference.L2_EPS)
+SOFTPLUS_THRESHOLD = tl.constexpr(reference.SOFTPLUS_THRESHOLD)
+VECTOR_WIDTH = tl.constexpr(4)  # elements per thread along K: 16 bytes of fp32
+
+if INTERPRET:
+
+  @triton.jit
+  def exp(x):
+    return tl.exp(x)
+
+  @triton.jit
+  def log1p(x):  # log(1 + x) with the rounding of 1 + x undone (Goldberg's trick)
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
+
+else:
+  from triton.language.extra import libdevice
+
+  @triton.jit
+  def exp(x):
+    return libdevice.exp(x)
+
+  @triton.jit
+  def log1p(x):
+    return libdevice.log1p(x)
+
+
+@triton.jit
+def gating(a, b, A_log, dt_bias):
+  """`reference.gdn_gating`: ``(g, beta)`` in fp32, elementwise over any shape.
+
+  ``g = -exp(A_log) * softplus(a + dt_bias)`` (threshold 20), ``beta = 1 / (1 + exp(-b))``.
+  """
+  x = a.to(tl.float32) + dt_bias
+  softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, log1p(exp(tl.minimum(x, SOFTPLUS_THRESHOLD))))
+  g = -exp(A_log) * softplus
+  beta = tl.math.div_rn(1.0, 1.0 + exp(-b.to(tl.float32)))
+  return g, beta
+
+
+# ----------------------------------------------------------------------------- the state tile
+
+
+@triton.jit
+def state_offsets(BV: tl.constexpr, K: tl.constexpr, KC: tl.constexpr):
+  """Offsets of the chunked tile: rows ``[BV, 1, 1]`` (times K) and columns ``[1, NC, KC]``.
+
+  Element ``(v, c, e)`` of a tile is column ``c * KC + e`` of row v; ``row * K + col`` addresses
+  a ``[BV, K]`` block of a row-major array.
+  """
+  NC: tl.constexpr = K // KC
+  VW: tl.constexpr = min(VECTOR_WIDTH, KC)
+  rows = tl.arange(0, BV)[:, None, None]
+  e = tl.max_contiguous(tl.arange(0, KC)[None, None, :], [1, 1, VW])
+  cols = tl.arange(0, NC)[None, :, None] * KC + e
+  return rows * K, cols
+
+
+@triton.jit
+def load_tile(ptr, rows, cols):
+  """The fp32 state tile ``[BV, NC, KC]`` at ``ptr`` (row stride K)."""
+  return tl.load(ptr + (rows + cols))
+
+
+@triton.jit
+def store_tile(ptr, rows, cols, S):
+  tl.store(ptr + (rows + cols), S)
+
+
+@triton.jit
+def load_vector(ptr, rows, cols):
+  """The K-vector at ``ptr`` in fp32, broadcast to every row of the tile: ``[BV, NC, KC]``."""
+  return tl.load(ptr + (rows * 0 + cols)).to(tl.float32)
+
+
+@triton.jit
+def matvec(S, x):
+  """``S x`` over K for a chunked tile and a chunked vector: ``[BV]``, chunks added first."""
+  return tl.sum(tl.sum(S * x, axis=1), axis=1)
+
+
+@triton.jit
+def l2_normalize(x):
+  """`reference.l2_normalize` of a chunked (row-broadcast) vector, through `matvec`'s sums."""
+  return tl.math.div_rn(x, tl.sqrt_rn(matvec(x, x) + L2_EPS)[:, None, None])
+
+
+@triton.jit
+def load_normalized(ptr, rows, cols):
+  """``l2_normalize(x)`` of the K-vector at ``ptr`` (k_hat; q_hat before its scale)."""
+  return l2_normalize(load_vector(ptr, rows, cols))
+
+
+@triton.jit
+def delta_rule_step(S, k_hat, v, g, beta):
+  """`reference.delta_rule_step` on a chunked tile: ``(S_new, d)``.
+
+  ``S <- exp(g) S``, ``d = beta (v - S k_hat)``, ``S <- S + d k_hat^T``, in that order.
+  """
+  S = S * exp(g)
+  d = beta * (v - matvec(S, k_hat))
+  S = S + d[:, None, None] * k_hat
+  return S, d
