@@ -132,8 +132,12 @@ def _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, T: int, what: st
                         f"{act} activations (ssm.init(..., dtype={act.name})).")
 
 
-def _tuning(cache, tuning: KernelTuning | None) -> KernelTuning:
-  return tuning or KernelTuning.state_default(cache.ssm.shape[2])
+def _tuning(cache, tuning: KernelTuning | None, spec: SpecConfig) -> KernelTuning:
+  if tuning is not None:
+    return tuning
+  if spec.backend == "triton":  # its tiles are held differently (kernels/triton/tile.py)
+    return _triton_kernels().state_tuning(cache.ssm.shape[2])
+  return KernelTuning.state_default(cache.ssm.shape[2])
 
 
 def _replay_tuning(cache, T: int, tuning: KernelTuning | None) -> KernelTuning:
@@ -146,8 +150,15 @@ def _kernel(spec: SpecConfig, pallas_fn, reference_fn):
     return reference_fn
   if spec.backend == "pallas":
     return functools.partial(pallas_fn, interpret=interpret_mode())
-  raise NotImplementedError("backend='triton' (jax-triton kernels) is not implemented yet; "
-                            "use backend='pallas' or 'xla'.")
+  return getattr(_triton_kernels(), pallas_fn.__name__)  # the jax-triton kernel of that name
+
+
+def _triton_kernels():
+  """`replayssm_jax.kernels.triton`, imported on first use: triton is an optional dependency
+  (`SpecConfig` checked that jax-triton and a GPU are there)."""
+  from replayssm_jax.kernels import triton as triton_kernels
+
+  return triton_kernels
 
 
 def _row_cursors(cache: ReplayCache, slot_ids):
@@ -240,7 +251,7 @@ def verify(cache: SSMCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec: SpecC
   """
   _check_cache(cache, spec, "ssm.verify")
   _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec.draft_tokens, "ssm.verify")
-  tuning = _tuning(cache, tuning)
+  tuning = _tuning(cache, tuning, spec)
   if isinstance(cache, ReplayCache):
     return _replay_window(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,
                           replay_tuning)
@@ -296,7 +307,7 @@ def decode(cache: SSMCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec: SpecC
   """
   _check_cache(cache, spec, "ssm.decode")
   _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, 1, "ssm.decode")
-  tuning = _tuning(cache, tuning)
+  tuning = _tuning(cache, tuning, spec)
   if isinstance(cache, ReplayCache):
     o, cache = _replay_window(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,
                               replay_tuning)
