@@ -1,0 +1,383 @@
+"""The triton backend (kernels/triton/): the Pallas kernel tests' cases and oracles, plus sm_90 compiles.
+
+The kernel tests take a ``mode``:
+
+- ``compiled`` (marked ``gpu``): jax-triton on a GPU. **Not yet run**: the next GPU session runs
+  ``pytest tests/test_kernels_triton.py -k "triton and compiled"`` first.
+- ``interpreted``: Triton's CPU interpreter over host copies. ``triton.jit`` builds interpreted
+  kernels only when ``TRITON_INTERPRET=1`` is set before triton is imported, so a plain run
+  executes these in a subprocess (`test_interpreter_run`); they skip elsewhere.
+
+The compile tests need no GPU: every kernel is compiled for sm_90 with the triton wheel's
+compiler and ptxas, checked for spills, and the state kernels are checked to hold their tile
+in one layout (the CPU-side proxy for the fold's bitwise tie; the GPU tests check the bits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("triton", reason="the triton backend needs the triton extra: "
+                    "pip install -e '.[triton]'")
+
+import oracle  # noqa: E402
+import test_kernels_recurrent as rec_tests  # noqa: E402
+import test_kernels_replay_verify as replay_tests  # noqa: E402
+from conftest import TOLERANCE, rel_err  # noqa: E402
+from replayssm_jax.kernels import fold as pallas_fold  # noqa: E402
+from replayssm_jax.kernels import recurrent as pallas_recurrent  # noqa: E402
+from replayssm_jax.kernels import triton as triton_kernels  # noqa: E402
+from replayssm_jax.kernels.backend import KernelTuning  # noqa: E402
+from replayssm_jax.kernels.triton import compile_check  # noqa: E402
+from replayssm_jax.kernels.triton.launch import compile_sm90, resource_usage  # noqa: E402
+from replayssm_jax.kernels.triton.replay_verify import RING_NAMES, replay_form  # noqa: E402
+from replayssm_jax.kernels.triton.tile import INTERPRET  # noqa: E402
+
+HAS_JAX_TRITON = importlib.util.find_spec("jax_triton") is not None
+SLOTS = 6  # rec_tests.make_inputs' slot count
+
+
+@pytest.fixture(params=[pytest.param("compiled", marks=pytest.mark.gpu), "interpreted"])
+def mode(request) -> str:
+  """How the kernels run: jax-triton on the GPU, or Triton's interpreter (TRITON_INTERPRET=1)."""
+  if request.param == "interpreted" and not INTERPRET:
+    pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (test_interpreter_run)")
+  if request.param == "compiled" and (INTERPRET or not HAS_JAX_TRITON):
+    pytest.skip("needs jax-triton and a GPU, without TRITON_INTERPRET")
+  return request.param
+
+
+def state_tuning(block_v: int) -> KernelTuning:
+  """The backend's state tuning at the case's block_v (the Pallas tests' knob)."""
+  return dataclasses.replace(triton_kernels.state_tuning(128), block_v=block_v)
+
+
+# ----------------------------------------------------------------------------- recurrent, fold
+
+
+@pytest.mark.parametrize("dtype", rec_tests.DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", rec_tests.CASES, ids=rec_tests.case_id)
+def test_recurrent_verify(case, dtype, mode):
+  B, T, H, HV, K, V, bv = case
+  rng = np.random.default_rng(abs(hash((case, jnp.dtype(dtype).name))) % 2**32)
+  x = rec_tests.make_inputs(rng, B, T, H, HV, K, V, dtype)
+  slots = rec_tests.slot_ids_for(rng, B)
+  poison = jnp.full((SLOTS, T, HV, V, K), jnp.nan, jnp.float32)
+  args = (x["ssm"], poison, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], slots)
+  o, inter = triton_kernels.recurrent_verify(*args, tuning=state_tuning(bv))
+  o_ref, inter_ref = pallas_recurrent.recurrent_verify_reference(*args)
+  assert o.dtype == dtype and inter.dtype == jnp.float32
+
+  valid = np.asarray(slots) >= 0
+  s = np.asarray(slots)[valid]
+  o64, states64, _ = oracle.run_tokens(np.asarray(x["ssm"])[s], *(np.asarray(x[n], np.float32)[valid] for n in "qkvab"),
+                                       x["A_log"], x["dt_bias"])
+  tol = TOLERANCE[(jnp.dtype(dtype).name, "ieee")]
+  assert rel_err(o[valid], o64) < tol
+  assert rel_err(inter[s], states64) < 1e-5
+  assert rel_err(inter[s], inter_ref[s]) < 1e-6
+  assert rel_err(o, o_ref) < tol
+  np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0)
+  untouched = np.setdiff1d(np.arange(SLOTS), s)
+  assert np.isnan(np.asarray(inter)[untouched]).all()
+  assert not np.isnan(np.asarray(inter)[s]).any()
+
+
+@pytest.mark.parametrize("case", rec_tests.CASES[:3], ids=rec_tests.case_id)
+def test_recurrent_decode_in_place(case, mode):
+  B, _, H, HV, K, V, bv = case
+  rng = np.random.default_rng(7)
+  x = rec_tests.make_inputs(rng, B, 1, H, HV, K, V, jnp.float32)
+  slots = rec_tests.slot_ids_for(rng, B)
+  before = np.asarray(x["ssm"])
+  args = (x["ssm"], x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], slots)
+  o, ssm = triton_kernels.recurrent_decode(*args, tuning=state_tuning(bv))
+  valid = np.asarray(slots) >= 0
+  s = np.asarray(slots)[valid]
+  o64, states64, _ = oracle.run_tokens(before[s], *(np.asarray(x[n])[valid] for n in "qkvab"),
+                                       x["A_log"], x["dt_bias"])
+  assert rel_err(ssm[s], states64[:, 0]) < 1e-5
+  assert rel_err(o[valid], o64) < 1e-5
+  untouched = np.setdiff1d(np.arange(SLOTS), s)
+  np.testing.assert_array_equal(np.asarray(ssm)[untouched], before[untouched])
+  np.testing.assert_array_equal(np.asarray(o)[~valid], 0)
+
+
+def records_of_window(x, slots, L: int, cache_base):
+  """The rings after the triton replay verify of the window at logical 0..T-1 (write_pos 0):
+  raw k, raw v, g and beta as the ring holds them in serving, for the fold to replay."""
+  B, T, H, K = x["q"].shape
+  HV, V = x["v"].shape[2:]
+  act = x["q"].dtype
+  rings = dict(ring_d=jnp.zeros((SLOTS, HV, L, V), act), ring_k=jnp.zeros((SLOTS, H, L, K), act),
+               ring_g=jnp.zeros((SLOTS, HV, L), jnp.float32),
+               ring_beta=jnp.zeros((SLOTS, HV, L), jnp.float32),
+               ring_rawk=jnp.zeros((SLOTS, H, L, K), act), ring_rawv=jnp.zeros((SLOTS, HV, L, V), act))
+  out = triton_kernels.replay_verify(
+      x["ssm"], *rings.values(), x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"],
+      x["dt_bias"], slots, jnp.zeros(B, jnp.int32), cache_base,
+      tuning=triton_kernels.replay_tuning(V, T), dot_precision="default")
+  rings = dict(zip(RING_NAMES, out[1:]))
+  return rings["ring_rawk"], rings["ring_rawv"], rings["ring_g"], rings["ring_beta"]
+
+
+@pytest.mark.parametrize("dtype", rec_tests.DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", rec_tests.CASES, ids=rec_tests.case_id)
+def test_fold_bitwise_equals_recurrent_verify(case, dtype, mode):
+  """Folding n records equals the triton recurrent state after n tokens, bit for bit.
+
+  The records are those the triton replay verify writes for the same window (DESIGN sections
+  3-4), so g and beta come from the same `tile.gating` as the recurrent kernel's.
+  """
+  B, T, H, HV, K, V, bv = case
+  L = 16
+  rng = np.random.default_rng(11)
+  x = rec_tests.make_inputs(rng, B, T, H, HV, K, V, dtype)
+  slots = rec_tests.slot_ids_for(rng, B)
+  tuning = state_tuning(bv)
+  inter = jnp.zeros((SLOTS, T, HV, V, K), jnp.float32)
+  args = (x["ssm"], inter, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], slots)
+  _, inter = triton_kernels.recurrent_verify(*args, tuning=tuning)
+
+  base = jnp.asarray(rng.integers(0, L, B).astype(np.int32))
+  rings = records_of_window(x, slots, L, base)
+  count = jnp.asarray(rng.integers(1, T + 1, B), jnp.int32)
+  folded = triton_kernels.fold(x["ssm"], *rings, slots, count, base, tuning=tuning)
+  folded_ref = pallas_fold.fold_reference(x["ssm"], *rings, slots, count, base)
+  for row, slot in enumerate(np.asarray(slots)):
+    if slot < 0:
+      continue
+    n = int(count[row])
+    np.testing.assert_array_equal(np.asarray(folded[slot]), np.asarray(inter[slot, n - 1]),
+                                  err_msg=f"row {row}, {n} records")
+  assert rel_err(folded, folded_ref) < 1e-6
+  untouched = np.setdiff1d(np.arange(SLOTS), np.asarray(slots)[np.asarray(slots) >= 0])
+  np.testing.assert_array_equal(np.asarray(folded)[untouched], np.asarray(x["ssm"])[untouched])
+
+
+# ----------------------------------------------------------------------------- replay verify
+
+
+def replay_tuning_for(c: replay_tests.Case, form: str) -> KernelTuning:
+  """The case's block_v; the UT form's tl.dot needs at least 16 (and a K-chunk of 16 or more)."""
+  return KernelTuning(block_v=max(c.block_v, 16) if form == "ut" else c.block_v, k_chunk=32)
+
+
+def ulp_close(got, want, dtype) -> None:
+  """Equal up to 4 units in the last place of ``dtype``: the kernels' gates and norms use other
+  exp / log1p implementations (libdevice; numpy in the interpreter) and sum in another order
+  than XLA's."""
+  eps = float(jnp.finfo(dtype).eps)
+  np.testing.assert_allclose(replay_tests.f32(got), replay_tests.f32(want), rtol=4 * eps,
+                             atol=4 * eps * 1e-3)
+
+
+@pytest.mark.parametrize("form", ["ut", "vec"])
+@pytest.mark.parametrize("c", replay_tests.CASES, ids=[c.id for c in replay_tests.CASES])
+def test_replay_verify(c: replay_tests.Case, form, mode):
+  """Against the float64 oracle and the reference; each ring entry written right or untouched."""
+  if form == "vec" and c.T != 1:
+    pytest.skip("the triton vector form is the T=1 (decode) specialisation")
+  inp = replay_tests.make_inputs(c)
+  out = triton_kernels.replay_verify(**inp, tuning=replay_tuning_for(c, form),
+                                     dot_precision=c.precision, form=form)
+  ref_out = replay_tests.reference_jit(**inp)
+  o_oracle, d_oracle = replay_tests.np_oracle(inp)
+  slot_ids, wp, cb = (np.asarray(inp[n]) for n in ("slot_ids", "write_pos", "cache_base"))
+  valid = slot_ids >= 0
+  phys = (cb[:, None] + wp[:, None] + np.arange(c.T)) & (c.L - 1)  # [B, T]
+
+  o, *rings = out
+  assert o.dtype == inp["v"].dtype
+  assert rel_err(replay_tests.f32(o[valid]), o_oracle[valid]) <= c.tol
+  assert rel_err(replay_tests.f32(o[valid]), replay_tests.f32(ref_out[0][valid])) <= c.tol
+  np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
+
+  g, beta = replay_tests.gating_jit(inp["a"], inp["b"], inp["A_log"], inp["dt_bias"])
+  k_hat = replay_tests.l2_normalize_jit(inp["k"].astype(jnp.float32))
+  records = dict(ring_k=k_hat, ring_g=g, ring_beta=beta, ring_rawk=inp["k"], ring_rawv=inp["v"])
+  for name, ring in zip(RING_NAMES, rings):
+    assert ring.dtype == inp[name].dtype and ring.shape == inp[name].shape
+    got, before = np.asarray(ring), np.asarray(inp[name])
+    written = np.zeros(got.shape[:3], bool)  # [slots, heads, L]
+    for row in np.flatnonzero(valid):
+      slot = slot_ids[row]
+      written[slot][:, phys[row]] = True
+      window = got[slot][:, phys[row]]  # [heads, T, ...]
+      if name == "ring_d":
+        assert rel_err(replay_tests.f32(window), np.swapaxes(d_oracle[row], 0, 1)) <= c.tol
+        continue
+      want = np.asarray(jnp.swapaxes(records[name][row], 0, 1).astype(ring.dtype))
+      if name in ("ring_rawk", "ring_rawv"):  # copies of the inputs
+        np.testing.assert_array_equal(replay_tests.bits(window), replay_tests.bits(want))
+      else:
+        ulp_close(window, want, ring.dtype)
+    np.testing.assert_array_equal(replay_tests.bits(got)[~written],
+                                  replay_tests.bits(before)[~written], err_msg=name)
+
+
+def test_replay_form_and_knobs():
+  c = replay_tests.Case(2, 2, 16, 1, 2, 16, 16, 16)
+  inp = replay_tests.make_inputs(c)
+  assert replay_form(1) == "vec" and replay_form(4) == "ut"
+  with pytest.raises(ValueError, match="one-token \\(decode\\) form"):
+    triton_kernels.replay_verify(**inp, tuning=KernelTuning(block_v=16), dot_precision="ieee",
+                                 form="vec")
+  with pytest.raises(ValueError, match="block_v, k_chunk and K of at least 16"):
+    triton_kernels.replay_verify(**inp, tuning=KernelTuning(block_v=8), dot_precision="ieee",
+                                 form="ut")
+  with pytest.raises(ValueError, match="dot_precision='fp64'"):
+    triton_kernels.replay_verify(**inp, tuning=KernelTuning(block_v=16), dot_precision="fp64")
+  with pytest.raises(ValueError, match="ring_d is"):
+    triton_kernels.replay_verify(**{**inp, "ring_d": inp["ring_d"][:, :, :8]},
+                                 tuning=KernelTuning(block_v=16), dot_precision="ieee")
+
+
+def test_state_kernels_reject_non_power_of_two_k():
+  rng = np.random.default_rng(0)
+  x = rec_tests.make_inputs(rng, 2, 1, 1, 2, 24, 16, jnp.float32)
+  with pytest.raises(ValueError, match="K=24 must be a power of two"):
+    triton_kernels.recurrent_decode(x["ssm"], x["q"], x["k"], x["v"], x["a"], x["b"],
+                                    x["A_log"], x["dt_bias"], jnp.zeros(2, jnp.int32),
+                                    tuning=KernelTuning(block_v=16, k_chunk=8))
+
+
+# ----------------------------------------------------------------------------- the ssm API
+
+
+SCHEDULES = [(4, 16, False), (1, 2, False), (2, 4, True), (8, 16, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,L,interleave", SCHEDULES,
+                         ids=[f"T{T}-L{L}{'-decode' if i else ''}" for T, L, i in SCHEDULES])
+def test_ssm_schedules_compiled(T, L, interleave):
+  """``SpecConfig(backend="triton")`` through test_ssm_replay's random schedules: ReplaySSM
+  against the recurrent baseline, bitwise after every fold."""
+  from hypothesis import given, settings
+
+  import test_ssm_replay
+
+  @settings(max_examples=2, phases=test_ssm_replay.NO_SHRINK)
+  @given(test_ssm_replay._schedules(T))
+  def run(schedule):
+    test_ssm_replay._run_schedule(T, L, "triton", schedule, interleave=interleave)
+
+  run()
+
+
+@pytest.mark.parametrize("T,L", [(2, 4), (4, 16)])
+def test_ssm_schedule_interpreted(T, L, monkeypatch):
+  """One 40-step schedule (verify, decode, commit, reset, padding) through the ssm API on the
+  triton backend in Triton's interpreter: the dispatch, and the bitwise folds end to end."""
+  if not INTERPRET:
+    pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (test_interpreter_run)")
+  import test_ssm_replay
+  from replayssm_jax import config
+
+  # SpecConfig(backend="triton") asks for jax-triton and a GPU; the interpreter needs neither.
+  monkeypatch.setattr(config, "jax_triton_available", lambda: True)
+  monkeypatch.setattr(config, "gpu_available", lambda: True)
+  rng = np.random.default_rng(T * L)
+  steps = [([int(s) for s in rng.integers(-1, test_ssm_replay.SLOTS, 4)],
+            [int(r) for r in rng.integers(0, T + 1, 4)], int(rng.integers(0, 16)),
+            bool(rng.random() < 0.3)) for _ in range(40)]
+  test_ssm_replay._run_schedule(T, L, "triton", (T * L, steps), interleave=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("verify_mode", ["recurrent", "replayssm"])
+def test_ssm_steps_alias_the_cache_compiled(verify_mode):
+  import test_ssm_replay
+
+  test_ssm_replay.test_jitted_steps_alias_the_cache(verify_mode, "triton")
+
+
+# ----------------------------------------------------------------------------- compile only
+
+compiles = pytest.mark.skipif(INTERPRET, reason="the interpreter's kernels do not compile")
+GEOMETRIES = {  # name: compile_check.launches arguments
+    "anchor": compile_check.ANCHOR,
+    "T8": dict(compile_check.ANCHOR, T=8),
+    "T16-L32": dict(compile_check.ANCHOR, T=16, L=32),
+    "fp32": dict(compile_check.ANCHOR, act=jnp.float32, ring=jnp.float32),
+    "ieee": dict(compile_check.ANCHOR, dot_precision="ieee"),
+    "bf16-dots": dict(compile_check.ANCHOR, dot_precision="bf16"),
+}
+
+
+@compiles
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_compiles_for_sm90_without_spills(geometry):
+  """Every kernel compiles for an H200 at the default tunings; ptxas reports no spills.
+
+  Anchor (HV=32, H=16, K=V=128, T=4, L=16, bf16; 2026-11-30, triton 3.6): registers recurrent
+  verify 219, decode 214, fold 159, replay UT T=4 168, UT T=1 188, vec T=1 118.
+  """
+  rows = compile_check.report(compile_check.launches(**GEOMETRIES[geometry]))
+  for name, row in rows.items():
+    print(f"{geometry} {name}: {row}")
+    assert row["spill_stores"] == row["spill_loads"] == 0, (name, row)
+    assert row["n_regs"] <= 255, (name, row)
+
+
+def state_layouts(ttgir: str, tile_shape: str) -> set[str]:
+  """The layouts of every fp32 tensor of the state tile's shape (``"32x16x8"``) in TTGIR."""
+  definitions = dict(re.findall(r"^(#[\w]+) = (.*)$", ttgir, re.M))
+  used = set(re.findall(rf"tensor<{tile_shape}xf32, (#\w+)>", ttgir))
+  return {definitions.get(u, u) for u in used}
+
+
+@compiles
+@pytest.mark.parametrize("act", ["bfloat16", "float32"])
+@pytest.mark.parametrize("tuning", [None, KernelTuning(block_v=16, num_warps=1, k_chunk=8),
+                                    KernelTuning(block_v=32, num_warps=2, k_chunk=32)],
+                         ids=["default", "bv16-w1-kc8", "bv32-w2-kc32"])
+def test_state_kernels_hold_one_tile_layout(tuning, act):
+  """The recurrent verify, the decode and the fold compile their state tile to one layout.
+
+  Reduction order follows the layout, so this is what the fold's bitwise tie needs of the
+  compiler (the vectors of a token are loaded into the tile's layout, `tile` docstring).
+  """
+  tuning = tuning or triton_kernels.state_tuning(128)
+  launches = compile_check.launches(**compile_check.ANCHOR, act=jnp.dtype(act), state=tuning)
+  kc = min(tuning.k_chunk, 128)
+  shape = f"{tuning.block_v}x{128 // kc}x{kc}"
+  layouts = {name: state_layouts(compile_sm90(launches[name]).asm["ttgir"], shape)
+             for name in ("recurrent_verify_T4", "recurrent_decode", "exact_fold_L16")}
+  assert all(len(v) == 1 for v in layouts.values()), layouts
+  assert len(set.union(*layouts.values())) == 1, layouts
+
+
+@compiles
+def test_resource_usage_reads_ptxas():
+  launch = compile_check.launches(**compile_check.ANCHOR)["exact_fold_L16"]
+  usage = resource_usage(compile_sm90(launch))
+  assert set(usage) == {"n_regs", "spill_stores", "spill_loads", "shared_bytes"}
+  assert 32 <= usage["n_regs"] <= 255
+
+
+# ----------------------------------------------------------------------------- interpreter
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(INTERPRET, reason="this is the interpreter run")
+def test_interpreter_run():
+  """The ``interpreted`` tests of this file, in a subprocess with TRITON_INTERPRET=1 (CPU)."""
+  env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu")
+  tests = os.path.dirname(__file__)
+  run = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "interpreted",
+       os.path.join(tests, "test_kernels_triton.py")],
+      env=env, cwd=os.path.dirname(tests), capture_output=True, text=True, timeout=1200)
+  assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+  assert " passed" in run.stdout and " failed" not in run.stdout
