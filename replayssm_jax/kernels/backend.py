@@ -5,7 +5,8 @@
 - ``"xla"``: the ``*_reference`` function beside each kernel (pure jnp, any platform);
 - ``"pallas"``: the Pallas kernel, lowered through Triton on a GPU (with explicit
   `pltriton.CompilerParams`) and run with ``interpret=True`` on the CPU;
-- ``"triton"``: jax-triton kernels (GPU only; not implemented yet).
+- ``"triton"``: native Triton kernels launched through jax-triton (`kernels.triton`; GPU
+  only). Checked on the CPU by Triton's interpreter and an sm_90 compile; not yet run on a GPU.
 """
 
 from __future__ import annotations
