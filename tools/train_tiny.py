@@ -102,6 +102,13 @@ def encode_files(root: str, relpaths: Sequence[str]) -> np.ndarray:
   return np.concatenate(parts) if parts else np.zeros((0,), np.uint16)
 
 
+def _source_label(root: str) -> str:
+  """Where the corpus came from, without this machine's paths (logs and model cards ship)."""
+  if os.path.realpath(root) == os.path.realpath(sysconfig.get_paths()["stdlib"]):
+    return "stdlib"
+  return os.path.basename(os.path.normpath(root))
+
+
 @dataclasses.dataclass(frozen=True)
 class Corpus:
   """Token streams of the two splits and where they came from."""
@@ -118,7 +125,7 @@ class Corpus:
     for stream in (self.train, self.heldout):
       digest.update(stream.astype("<u2").tobytes())
     return {
-        "source": self.root, "python": platform.python_version(),
+        "source": _source_label(self.root), "python": platform.python_version(),
         "files": len(self.train_files) + len(self.heldout_files),
         "bytes": int(self.train.size + self.heldout.size) - len(self.train_files)
                  - len(self.heldout_files),
