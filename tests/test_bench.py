@@ -29,3 +29,18 @@ def test_byte_models_match_the_anchor():
   assert round(b.rssm_verify(8) / 1e6, 2) == 2.39
   assert round(b.fold(12) / 1e6, 2) == 4.34
   assert round(b.rec_decode() / 1e6, 2) == 4.22
+
+
+def test_summary_table_skips_batch_sizes_cut_short():
+  """A run cut short (here B=512 has only its first row) reports the complete batch sizes."""
+  from replayssm_jax.bench import report
+
+  def row(kernel, B, L, us):
+    return dict(kernel=kernel, B=B, L=L, wp=0, median_us=us)
+
+  rows = [row("rec_verify", 256, 0, 789.0), row("rec_commit", 256, 0, 257.0),
+          row("rssm_step_mixed", 256, 16, 649.0), row("rec_decode", 256, 0, 304.0),
+          row("rssm_decode_cycle", 256, 16, 267.0), row("rec_verify", 512, 0, 1569.0)]
+  table = report.summary_table({"rows": rows})
+  assert "| 256 | 1046.0 | 649.0 | 1.61x | 304.0 | 267.0 | 1.14x |" in table
+  assert "| 512 |" not in table
