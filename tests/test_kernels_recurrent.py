@@ -46,16 +46,20 @@ def slot_ids_for(rng, B, slots=6):
   return jnp.asarray(ids)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_recurrent_verify(case, dtype, interpret):
+def check_recurrent_verify(case, dtype, verify) -> None:
+  """``verify(args, block_v) -> (o, intermediate)`` against the oracle and the XLA reference.
+
+  Shared by every backend's tests: outputs poisoned with NaN, padding rows zero, slots no row
+  names untouched.
+  """
   B, T, H, HV, K, V, bv = case
   rng = np.random.default_rng(abs(hash((case, jnp.dtype(dtype).name))) % 2**32)
   x = make_inputs(rng, B, T, H, HV, K, V, dtype)
   slots = slot_ids_for(rng, B)
-  poison = jnp.full((6, T, HV, V, K), jnp.nan, jnp.float32)
+  num_slots = x["ssm"].shape[0]
+  poison = jnp.full((num_slots, T, HV, V, K), jnp.nan, jnp.float32)
   args = (x["ssm"], poison, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], slots)
-  o, inter = recurrent.recurrent_verify(*args, tuning=KernelTuning(block_v=bv), interpret=interpret)
+  o, inter = verify(args, bv)
   o_ref, inter_ref = recurrent.recurrent_verify_reference(*args)
   assert o.dtype == dtype and inter.dtype == jnp.float32
 
@@ -70,29 +74,42 @@ def test_recurrent_verify(case, dtype, interpret):
   assert rel_err(o, o_ref) < tol
   # Padding rows: zero output; slots no row names keep their poison.
   np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0)
-  untouched = np.setdiff1d(np.arange(6), s)
+  untouched = np.setdiff1d(np.arange(num_slots), s)
   assert np.isnan(np.asarray(inter)[untouched]).all()
   assert not np.isnan(np.asarray(inter)[s]).any()
 
 
-@pytest.mark.parametrize("case", CASES[:3], ids=case_id)
-def test_recurrent_decode_in_place(case, interpret):
+def check_recurrent_decode(case, decode) -> None:
+  """``decode(args, block_v) -> (o, ssm)``: one token per row, the state updated in place."""
   B, _, H, HV, K, V, bv = case
   rng = np.random.default_rng(7)
   x = make_inputs(rng, B, 1, H, HV, K, V, jnp.float32)
   slots = slot_ids_for(rng, B)
   before = np.asarray(x["ssm"])
   args = (x["ssm"], x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], slots)
-  o, ssm = recurrent.recurrent_decode(*args, tuning=KernelTuning(block_v=bv), interpret=interpret)
+  o, ssm = decode(args, bv)
   valid = np.asarray(slots) >= 0
   s = np.asarray(slots)[valid]
   o64, states64, _ = oracle.run_tokens(before[s], *(np.asarray(x[n])[valid] for n in "qkvab"),
                                        x["A_log"], x["dt_bias"])
   assert rel_err(ssm[s], states64[:, 0]) < 1e-5
   assert rel_err(o[valid], o64) < 1e-5
-  untouched = np.setdiff1d(np.arange(6), s)
+  untouched = np.setdiff1d(np.arange(before.shape[0]), s)
   np.testing.assert_array_equal(np.asarray(ssm)[untouched], before[untouched])
   np.testing.assert_array_equal(np.asarray(o)[~valid], 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_recurrent_verify(case, dtype, interpret):
+  check_recurrent_verify(case, dtype, lambda args, bv: recurrent.recurrent_verify(
+      *args, tuning=KernelTuning(block_v=bv), interpret=interpret))
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=case_id)
+def test_recurrent_decode_in_place(case, interpret):
+  check_recurrent_decode(case, lambda args, bv: recurrent.recurrent_decode(
+      *args, tuning=KernelTuning(block_v=bv), interpret=interpret))
 
 
 def ring_from_tokens(x, slots, L, cache_base, rng):

@@ -29,12 +29,10 @@ import pytest
 pytest.importorskip("triton", reason="the triton backend needs the triton extra: "
                     "pip install -e '.[triton]'")
 
-import oracle  # noqa: E402
 import test_kernels_recurrent as rec_tests  # noqa: E402
 import test_kernels_replay_verify as replay_tests  # noqa: E402
-from conftest import TOLERANCE, rel_err  # noqa: E402
+from conftest import rel_err  # noqa: E402
 from replayssm_jax.kernels import fold as pallas_fold  # noqa: E402
-from replayssm_jax.kernels import recurrent as pallas_recurrent  # noqa: E402
 from replayssm_jax.kernels import triton as triton_kernels  # noqa: E402
 from replayssm_jax.kernels.backend import KernelTuning  # noqa: E402
 from replayssm_jax.kernels.triton import compile_check  # noqa: E402
@@ -67,49 +65,14 @@ def state_tuning(block_v: int) -> KernelTuning:
 @pytest.mark.parametrize("dtype", rec_tests.DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("case", rec_tests.CASES, ids=rec_tests.case_id)
 def test_recurrent_verify(case, dtype, mode):
-  B, T, H, HV, K, V, bv = case
-  rng = np.random.default_rng(abs(hash((case, jnp.dtype(dtype).name))) % 2**32)
-  x = rec_tests.make_inputs(rng, B, T, H, HV, K, V, dtype)
-  slots = rec_tests.slot_ids_for(rng, B)
-  poison = jnp.full((SLOTS, T, HV, V, K), jnp.nan, jnp.float32)
-  args = (x["ssm"], poison, x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], slots)
-  o, inter = triton_kernels.recurrent_verify(*args, tuning=state_tuning(bv))
-  o_ref, inter_ref = pallas_recurrent.recurrent_verify_reference(*args)
-  assert o.dtype == dtype and inter.dtype == jnp.float32
-
-  valid = np.asarray(slots) >= 0
-  s = np.asarray(slots)[valid]
-  o64, states64, _ = oracle.run_tokens(np.asarray(x["ssm"])[s], *(np.asarray(x[n], np.float32)[valid] for n in "qkvab"),
-                                       x["A_log"], x["dt_bias"])
-  tol = TOLERANCE[(jnp.dtype(dtype).name, "ieee")]
-  assert rel_err(o[valid], o64) < tol
-  assert rel_err(inter[s], states64) < 1e-5
-  assert rel_err(inter[s], inter_ref[s]) < 1e-6
-  assert rel_err(o, o_ref) < tol
-  np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0)
-  untouched = np.setdiff1d(np.arange(SLOTS), s)
-  assert np.isnan(np.asarray(inter)[untouched]).all()
-  assert not np.isnan(np.asarray(inter)[s]).any()
+  rec_tests.check_recurrent_verify(case, dtype, lambda args, bv: triton_kernels.recurrent_verify(
+      *args, tuning=state_tuning(bv)))
 
 
 @pytest.mark.parametrize("case", rec_tests.CASES[:3], ids=rec_tests.case_id)
 def test_recurrent_decode_in_place(case, mode):
-  B, _, H, HV, K, V, bv = case
-  rng = np.random.default_rng(7)
-  x = rec_tests.make_inputs(rng, B, 1, H, HV, K, V, jnp.float32)
-  slots = rec_tests.slot_ids_for(rng, B)
-  before = np.asarray(x["ssm"])
-  args = (x["ssm"], x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], slots)
-  o, ssm = triton_kernels.recurrent_decode(*args, tuning=state_tuning(bv))
-  valid = np.asarray(slots) >= 0
-  s = np.asarray(slots)[valid]
-  o64, states64, _ = oracle.run_tokens(before[s], *(np.asarray(x[n])[valid] for n in "qkvab"),
-                                       x["A_log"], x["dt_bias"])
-  assert rel_err(ssm[s], states64[:, 0]) < 1e-5
-  assert rel_err(o[valid], o64) < 1e-5
-  untouched = np.setdiff1d(np.arange(SLOTS), s)
-  np.testing.assert_array_equal(np.asarray(ssm)[untouched], before[untouched])
-  np.testing.assert_array_equal(np.asarray(o)[~valid], 0)
+  rec_tests.check_recurrent_decode(case, lambda args, bv: triton_kernels.recurrent_decode(
+      *args, tuning=state_tuning(bv)))
 
 
 def records_of_window(x, slots, L: int, cache_base):
