@@ -7,6 +7,11 @@ set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+# The triton backend needs jax-triton, which the device lacks: carry its wheel in .whl/
+# (pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl jax-triton==0.3.1).
+if compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
+  pip install -q --no-index --no-deps --target /tmp/site .whl/jax_triton-*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
 python3 -c "import jax; print(jax.__version__, jax.devices())" 2>&1 | tee "$OUT/env.log"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv 2>&1 | tee -a "$OUT/env.log"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

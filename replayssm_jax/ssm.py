@@ -140,8 +140,12 @@ def _tuning(cache, tuning: KernelTuning | None, spec: SpecConfig) -> KernelTunin
   return KernelTuning.state_default(cache.ssm.shape[2])
 
 
-def _replay_tuning(cache, T: int, tuning: KernelTuning | None) -> KernelTuning:
-  return tuning or KernelTuning.replay_default(cache.ssm.shape[2], T)
+def _replay_tuning(cache, T: int, tuning: KernelTuning | None, spec: SpecConfig) -> KernelTuning:
+  if tuning is not None:
+    return tuning
+  if spec.backend == "triton":
+    return _triton_kernels().replay_tuning(cache.ssm.shape[2], T)
+  return KernelTuning.replay_default(cache.ssm.shape[2], T)
 
 
 def _kernel(spec: SpecConfig, pallas_fn, reference_fn):
@@ -220,7 +224,7 @@ def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, 
                    replay_tuning):
   """Fold flush rows, then the replay verify of the window; the window's records go into the ring."""
   cache, write_pos, cache_base = _fold_flush_rows(cache, slot_ids, spec, tuning)
-  tuning = _replay_tuning(cache, q.shape[1], replay_tuning)
+  tuning = _replay_tuning(cache, q.shape[1], replay_tuning, spec)
   verify = _kernel(spec, replay_kernels.replay_verify, replay_kernels.replay_verify_reference)
   o, *rings = verify(cache.ssm, cache.ring_d, cache.ring_k, cache.ring_g, cache.ring_beta,
                      cache.ring_rawk, cache.ring_rawv, q, k, v, a, b, A_log, dt_bias, slot_ids,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from replayssm_jax.bench import kernels
 
 
@@ -44,3 +46,40 @@ def test_summary_table_skips_batch_sizes_cut_short():
   table = report.summary_table({"rows": rows})
   assert "| 256 | 1046.0 | 649.0 | 1.61x | 304.0 | 267.0 | 1.14x |" in table
   assert "| 512 |" not in table
+
+
+def test_kernels_for_names_each_backend():
+  pallas = kernels.kernels_for("pallas")
+  assert pallas.backend == "pallas"
+  assert pallas.state_tuning(128) == kernels.KernelTuning.state_default(128)
+  assert pallas.replay_tuning(128, 4) == kernels.KernelTuning.replay_default(128, 4)
+  with pytest.raises(ValueError, match="backend='cuda' is not benchmarked; use one of"):
+    kernels.kernels_for("cuda")
+
+
+def test_sweep_candidates_are_valid_launches():
+  """Every candidate tiles the anchor geometry; the triton UT form's dots need 16 on each side."""
+  from replayssm_jax.bench import sweep
+
+  for backend, (replay, state) in sweep.CANDIDATES.items():
+    for form, tuning in replay:
+      tuning.check(128, 128)
+      assert form in ("ut", "vec"), (backend, form)
+      if backend == "triton" and form == "ut":
+        assert min(tuning.block_v, tuning.k_chunk) >= 16, tuning
+    for tuning in state:
+      tuning.check(128, 128)
+  # The defaults are among the candidates, so a sweep re-measures them.
+  assert kernels.KernelTuning.state_default(128) in sweep.STATE
+
+
+def test_sweep_state_smoke(tmp_path):
+  """The state sweep times the Pallas kernels and checks the fold bitwise (tiny geometry, CPU)."""
+  from replayssm_jax.bench import sweep
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "state", "--batch", "2", "--reps", "1",
+                     "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert rows and all(r["backend"] == "pallas" and r["fold_bitwise"] is True for r in rows)
+  assert all(r["fold_us"] > 0 and r["rec_verify_us"] > 0 for r in rows)

@@ -2,15 +2,16 @@
 
 The kernel tests take a ``mode``:
 
-- ``compiled`` (marked ``gpu``): jax-triton on a GPU. **Not yet run**: the next GPU session runs
-  ``pytest tests/test_kernels_triton.py -k "triton and compiled"`` first.
+- ``compiled`` (marked ``gpu``): jax-triton on a GPU (H200, 2026-11-30: 46 passed,
+  benchmarks/gpu_tests_h200.md).
 - ``interpreted``: Triton's CPU interpreter over host copies. ``triton.jit`` builds interpreted
   kernels only when ``TRITON_INTERPRET=1`` is set before triton is imported, so a plain run
   executes these in a subprocess (`test_interpreter_run`); they skip elsewhere.
 
 The compile tests need no GPU: every kernel is compiled for sm_90 with the triton wheel's
 compiler and ptxas, checked for spills, and the state kernels are checked to hold their tile
-in one layout (the CPU-side proxy for the fold's bitwise tie; the GPU tests check the bits).
+in one layout and to round alike (no contracted multiply-adds): the CPU-side proxies for the
+fold's bitwise tie; the GPU tests check the bits.
 """
 
 from __future__ import annotations
@@ -283,8 +284,8 @@ GEOMETRIES = {  # name: compile_check.launches arguments
 def test_compiles_for_sm90_without_spills(geometry):
   """Every kernel compiles for an H200 at the default tunings; ptxas reports no spills.
 
-  Anchor (HV=32, H=16, K=V=128, T=4, L=16, bf16; 2026-11-30, triton 3.6): registers recurrent
-  verify 219, decode 214, fold 159, replay UT T=4 168, UT T=1 188, vec T=1 118.
+  Anchor (HV=32, H=16, K=V=128, T=4, L=16, bf16; 2026-11-30, triton 3.6, the run-5 defaults):
+  see `python -m replayssm_jax.kernels.triton.compile_check`.
   """
   rows = compile_check.report(compile_check.launches(**GEOMETRIES[geometry]))
   for name, row in rows.items():
@@ -319,6 +320,25 @@ def test_state_kernels_hold_one_tile_layout(tuning, act):
              for name in ("recurrent_verify_T4", "recurrent_decode", "exact_fold_L16")}
   assert all(len(v) == 1 for v in layouts.values()), layouts
   assert len(set.union(*layouts.values())) == 1, layouts
+
+
+@compiles
+def test_state_kernels_contract_nothing_but_the_update():
+  """Every fp32 multiply and add of the recurrent kernels and the fold is rounded on its own.
+
+  With fp fusion on, LLVM contracted a multiply into an add in one loop and not in the other
+  (H200: the fold 1 ulp off the recurrent state at K-chunks of 8). Now fusion is off, so the PTX
+  spells every rounding (``mul.rn``, which ptxas never fuses) and the one fma is the update's
+  written-out ``tl.fma``: one per state element a thread holds.
+  """
+  tuning = triton_kernels.state_tuning(128)
+  per_thread = tuning.block_v * 128 // (32 * tuning.num_warps)
+  launches = compile_check.launches(**compile_check.ANCHOR)
+  for name in ("recurrent_verify_T4", "recurrent_decode", "exact_fold_L16"):
+    assert not launches[name].fp_fusion, name
+    ptx = compile_sm90(launches[name]).asm["ptx"]
+    assert not re.findall(r"\b(?:mul|add|sub)\.f32\b", ptx), name  # no unrounded (fusable) op
+    assert len(re.findall(r"\bfma\.rn\.f32\b", ptx)) == per_thread, name
 
 
 @compiles

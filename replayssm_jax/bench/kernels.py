@@ -26,6 +26,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +46,36 @@ GEOMETRY = GDNConfig(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=
 TINY = GDNConfig(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, hidden_size=32,
                  num_layers=1, num_gdn_layers=1)
 ACT = jnp.bfloat16
+BACKENDS = ("pallas", "triton")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+  """One backend's kernels, called alike (the Pallas signatures without ``interpret``)."""
+
+  backend: str
+  recurrent_verify: Callable
+  recurrent_decode: Callable
+  fold: Callable
+  replay_verify: Callable
+  state_tuning: Callable[[int], KernelTuning]  # V -> the recurrent kernels' and fold's tuning
+  replay_tuning: Callable[[int, int], KernelTuning]  # V, T -> the replay verify's tuning
+
+
+def kernels_for(backend: str) -> Kernels:
+  """The kernels of ``backend`` ("pallas" or "triton"; triton needs jax-triton and a GPU)."""
+  if backend == "pallas":
+    bind = functools.partial(functools.partial, interpret=interpret_mode())
+    return Kernels(backend, bind(recurrent_kernels.recurrent_verify),
+                   bind(recurrent_kernels.recurrent_decode), bind(fold_kernels.fold),
+                   bind(replay_kernels.replay_verify), KernelTuning.state_default,
+                   KernelTuning.replay_default)
+  if backend == "triton":
+    from replayssm_jax.kernels import triton as tk
+
+    return Kernels(backend, tk.recurrent_verify, tk.recurrent_decode, tk.fold, tk.replay_verify,
+                   tk.state_tuning, tk.replay_tuning)
+  raise ValueError(f"backend={backend!r} is not benchmarked; use one of {BACKENDS}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,11 +179,11 @@ def _cursors(cache: ReplayCache):
 
 
 def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, reps: int = 30,
-                decode_rings=(8, 16, 32)):
-  """All paths at batch size ``B``; yields (name, wp, L, timing, bytes)."""
+                decode_rings=(8, 16, 32), backend: str = "pallas"):
+  """All paths at batch size ``B`` on ``backend``'s kernels; yields (name, wp, L, timing, bytes)."""
   rng = np.random.default_rng(B)
-  tuning = KernelTuning.state_default(gdn.head_v_dim)
-  interpret = interpret_mode()
+  kern = kernels_for(backend)
+  tuning = kern.state_tuning(gdn.head_v_dim)
   nbytes = Bytes(gdn, T)
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   x = _inputs(rng, B, T, gdn)
@@ -160,9 +191,9 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   S0 = jnp.asarray(0.3 * rng.standard_normal((B, *gdn.state_shape), np.float32))
 
   # Recurrent baseline: the kernels alone, and the XLA commit (gather + scatter of B states).
-  rec = SpecConfig(draft_tokens=T, verify_mode="recurrent", backend="pallas")
-  verify = jax.jit(lambda inter: recurrent_kernels.recurrent_verify(
-      S0, inter, *_window(x), slot_ids, tuning=tuning, interpret=interpret)[1], donate_argnums=0)
+  rec = SpecConfig(draft_tokens=T, verify_mode="recurrent", backend=backend)
+  verify = jax.jit(lambda inter: kern.recurrent_verify(
+      S0, inter, *_window(x), slot_ids, tuning=tuning)[1], donate_argnums=0)
   t, inter = time_calls(verify, jnp.zeros((B, T, *gdn.state_shape), jnp.float32), reps=reps)
   yield "rec_verify", 0, 0, t, B * nbytes.rec_verify()
   cache = dataclasses.replace(ssm.init(gdn, rec, B), intermediate=inter)
@@ -170,21 +201,20 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   t, cache = time_calls(lambda c: ssm.commit(c, slot_ids, accepted, rec), cache, reps=reps)
   yield "rec_commit", 0, 0, t, B * 2 * nbytes.S
   del cache, inter
-  decode = jax.jit(lambda s: recurrent_kernels.recurrent_decode(
-      s, *_window(x1), slot_ids, tuning=tuning, interpret=interpret)[1], donate_argnums=0)
+  decode = jax.jit(lambda s: kern.recurrent_decode(
+      s, *_window(x1), slot_ids, tuning=tuning)[1], donate_argnums=0)
   t, _ = time_calls(decode, S0 + 0, reps=reps)
   yield "rec_decode", 0, 0, t, B * nbytes.rec_decode()
 
   # ReplaySSM kernels alone.
-  spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend="pallas")
+  spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend=backend)
   cache = _replay_cache(rng, gdn, spec, B, np.full(B, 8), np.zeros(B, bool))
   rings = replay_kernels.RING_NAMES
 
   def replay_only(c):
-    _, *out = replay_kernels.replay_verify(
+    _, *out = kern.replay_verify(
         c.ssm, *(getattr(c, n) for n in rings), *_window(x), slot_ids, c.write_pos, c.cache_base,
-        tuning=KernelTuning.replay_default(gdn.head_v_dim, T), dot_precision=spec.dot_precision,
-        interpret=interpret)
+        tuning=kern.replay_tuning(gdn.head_v_dim, T), dot_precision=spec.dot_precision)
     return dataclasses.replace(c, **dict(zip(rings, out)))
 
   t, cache = time_calls(jax.jit(replay_only, donate_argnums=0), cache, reps=reps)
@@ -192,9 +222,9 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   wp_fold = L - T
 
   def fold_only(c):
-    return dataclasses.replace(c, ssm=fold_kernels.fold(
+    return dataclasses.replace(c, ssm=kern.fold(
         c.ssm, c.ring_rawk, c.ring_rawv, c.ring_g, c.ring_beta, slot_ids,
-        jnp.full((B,), wp_fold, jnp.int32), c.cache_base, tuning=tuning, interpret=interpret))
+        jnp.full((B,), wp_fold, jnp.int32), c.cache_base, tuning=tuning))
 
   t, cache = time_calls(jax.jit(fold_only, donate_argnums=0), cache, reps=reps)
   yield "exact_fold", wp_fold, L, t, B * nbytes.fold(wp_fold)
@@ -215,7 +245,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
 
   # ReplaySSM decode over a whole ring cycle (flush rule with T = 1: L-1 steps per fold).
   for L_dec in decode_rings:
-    dspec = SpecConfig(draft_tokens=1, ring_len=L_dec, verify_mode="replayssm", backend="pallas")
+    dspec = SpecConfig(draft_tokens=1, ring_len=L_dec, verify_mode="replayssm", backend=backend)
     steps = L_dec - 1
 
     def cycle(c, dspec=dspec, steps=steps):
@@ -239,6 +269,9 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="benchmarks/results.json")
   p.add_argument("--copy-gib", type=float, default=4.0, help="size of the copy-bandwidth probe")
   p.add_argument("--tiny", action="store_true", help="tiny geometry: a smoke run of every path")
+  p.add_argument("--backend", choices=BACKENDS, default="pallas", help="the kernels to time")
+  p.add_argument("--decode-rings", type=int, nargs="*", default=[8, 16, 32],
+                 help="ring lengths of the ReplaySSM decode cycle")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="start no new batch size after this many seconds (results so far are kept)")
   args = p.parse_args(argv)
@@ -252,12 +285,13 @@ def main(argv=None) -> int:
                 device=device.device_kind, platform=device.platform, jax=jax.__version__,
                 python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
                 copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
-                rows=rows)
+                backend=args.backend, rows=rows)
   for B in args.batch:
     if time.monotonic() - start > args.budget_s:
       print(f"stopping before B={B}: the {args.budget_s} s budget is spent", flush=True)
       break
-    for name, wp, L, t, model in bench_batch(B, gdn=gdn, reps=args.reps):
+    for name, wp, L, t, model in bench_batch(B, gdn=gdn, reps=args.reps, backend=args.backend,
+                                               decode_rings=args.decode_rings):
       tbps = model / (t.median_us * 1e-6) / 1e12
       rows.append(dict(kernel=name, B=B, wp=wp, L=L, median_us=round(t.median_us, 2),
                        p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2), reps=t.reps,

@@ -517,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--layers", type=int, default=None,
                  help=f"GDN layers (default: the preset's, 30; --tiny {TINY_LAYERS})")
   p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-  p.add_argument("--backend", default="auto", choices=("auto", "xla", "pallas"),
+  p.add_argument("--backend", default="auto", choices=("auto", "xla", "pallas", "triton"),
                  help="auto: pallas on a GPU, xla elsewhere")
   p.add_argument("--layout", default="loop", choices=("loop", "scan"))
   p.add_argument("--no-chain", dest="chain", action="store_false",

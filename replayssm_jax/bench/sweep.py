@@ -5,7 +5,10 @@
   candidate is timed and checked for the bitwise equality the design rests on (a fold of 12
   records written by the replay verify equals the recurrent verify's state after 12 tokens).
 
-    python -m replayssm_jax.bench.sweep --out sweep.json
+Each backend has its own candidates (`CANDIDATES`): the triton kernels hold their tiles
+differently (`kernels/triton/tile.py`).
+
+    python -m replayssm_jax.bench.sweep --out sweep.json [--backend triton]
 """
 
 from __future__ import annotations
@@ -24,10 +27,8 @@ from replayssm_jax.bench import kernels as bench
 from replayssm_jax.bench.kernels import Bytes, _inputs, _replay_cache, _window
 from replayssm_jax.bench.timing import time_calls
 from replayssm_jax.config import SpecConfig
-from replayssm_jax.kernels import fold as fold_kernels
-from replayssm_jax.kernels import recurrent as recurrent_kernels
 from replayssm_jax.kernels import replay_verify as replay_kernels
-from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
+from replayssm_jax.kernels.backend import KernelTuning
 
 RINGS = replay_kernels.RING_NAMES
 # (form, tuning) pairs of the replay verify; `k_chunk` only matters to the vector form.
@@ -38,38 +39,49 @@ REPLAY = [("ut", KernelTuning(block_v=bv, num_warps=w))
     for bv, w, kc in [(32, 2, 32), (32, 4, 32), (64, 2, 32), (64, 4, 32), (64, 4, 64), (128, 4, 32),
                       (128, 8, 32), (128, 8, 64), (128, 4, 128)]]
 STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
-         for bv, w, kc in [(32, 2, 32), (32, 1, 32), (16, 1, 32), (64, 2, 32)]]
+         for bv, w, kc in [(32, 2, 16), (16, 1, 16), (32, 2, 32), (32, 1, 32), (16, 1, 32),
+                           (64, 2, 32)]]
+# The triton kernels: the UT form's dots need block_v and k_chunk >= 16; a state tile of more
+# than 64 elements per thread spills (kernels/triton/__init__.py, `state_tuning`).
+TRITON_REPLAY = [("ut", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
+                 for bv, w, kc in [(64, 2, 32), (64, 4, 32), (32, 2, 32), (128, 4, 32)]] + [
+    ("vec", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
+    for bv, w, kc in [(64, 4, 32), (32, 2, 32), (128, 4, 32), (64, 2, 32)]]
+TRITON_STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
+                for bv, w, kc in [(32, 2, 8), (32, 2, 16), (16, 1, 8), (32, 4, 8), (64, 4, 8)]]
+CANDIDATES = {"pallas": (REPLAY, STATE), "triton": (TRITON_REPLAY, TRITON_STATE)}
 
 
-def sweep_replay(gdn, B, T, wp, reps):
+def sweep_replay(gdn, B, T, wp, reps, backend="pallas"):
   rng = np.random.default_rng(0)
   spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
   x = _inputs(rng, B, T, gdn)
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   model = B * Bytes(gdn, T).rssm_verify(wp, T)
-  for form, tuning in REPLAY:
-    if tuning.block_v > gdn.head_v_dim:
+  kern = bench.kernels_for(backend)
+  for form, tuning in CANDIDATES[backend][0]:
+    if tuning.block_v > gdn.head_v_dim or (backend == "triton" and (form == "vec") != (T == 1)):
       continue
     cache = _replay_cache(rng, gdn, spec, B, np.full(B, wp), np.zeros(B, bool))
 
     def run(c, tuning=tuning, form=form):
-      _, *out = replay_kernels.replay_verify(
+      _, *out = kern.replay_verify(
           c.ssm, *(getattr(c, n) for n in RINGS), *_window(x), slot_ids, c.write_pos,
-          c.cache_base, tuning=tuning, dot_precision="default", interpret=interpret_mode(),
-          form=form)
+          c.cache_base, tuning=tuning, dot_precision="default", form=form)
       return dataclasses.replace(c, **dict(zip(RINGS, out)))
 
     try:
       t, _ = time_calls(jax.jit(run, donate_argnums=0), cache, reps=reps)
     except Exception as e:  # a launch shape Triton rejects (registers, shared memory)
-      yield dict(kernel=f"replay_verify_{form}_T{T}", B=B, wp=wp, **dataclasses.asdict(tuning),
-                 error=f"{type(e).__name__}: {str(e)[:200]}")
+      yield dict(kernel=f"replay_verify_{form}_T{T}", backend=backend, B=B, wp=wp,
+                 **dataclasses.asdict(tuning), error=f"{type(e).__name__}: {str(e)[:200]}")
       continue
-    yield dict(kernel=f"replay_verify_{form}_T{T}", B=B, wp=wp, **dataclasses.asdict(tuning),
-               median_us=round(t.median_us, 1), tbps=round(model / t.median_us / 1e6, 3))
+    yield dict(kernel=f"replay_verify_{form}_T{T}", backend=backend, B=B, wp=wp,
+               **dataclasses.asdict(tuning), median_us=round(t.median_us, 1),
+               tbps=round(model / t.median_us / 1e6, 3))
 
 
-def sweep_state(gdn, B, reps, n_fold=12):  # 12 records of an L = 16 ring, the anchor's fold
+def sweep_state(gdn, B, reps, n_fold=12, backend="pallas"):  # 12 records: the anchor's fold
   """Recurrent verify/decode and the fold per tuning, with the fold's bitwise check."""
   rng = np.random.default_rng(1)
   T = 4
@@ -78,15 +90,15 @@ def sweep_state(gdn, B, reps, n_fold=12):  # 12 records of an L = 16 ring, the a
   x, x1, x12 = _inputs(rng, B, T, gdn), _inputs(rng, B, 1, gdn), _inputs(rng, B, n_fold, gdn)
   S0 = jnp.asarray(0.3 * rng.standard_normal((B, *gdn.state_shape), np.float32))
   spec = SpecConfig(draft_tokens=4, ring_len=16, verify_mode="replayssm")  # the ring shape only
-  interpret = interpret_mode()
-  for tuning in (t for t in STATE if t.block_v <= gdn.head_v_dim):
-    row = dict(B=B, **dataclasses.asdict(tuning))
-    verify = jax.jit(lambda inter, tuning=tuning: recurrent_kernels.recurrent_verify(
-        S0, inter, *_window(x), slot_ids, tuning=tuning, interpret=interpret)[1], donate_argnums=0)
+  kern = bench.kernels_for(backend)
+  for tuning in (t for t in CANDIDATES[backend][1] if t.block_v <= gdn.head_v_dim):
+    row = dict(backend=backend, B=B, **dataclasses.asdict(tuning))
+    verify = jax.jit(lambda inter, tuning=tuning: kern.recurrent_verify(
+        S0, inter, *_window(x), slot_ids, tuning=tuning)[1], donate_argnums=0)
     t, _ = time_calls(verify, jnp.zeros((B, T, *gdn.state_shape), jnp.float32), reps=reps)
     row["rec_verify_us"] = round(t.median_us, 1)
-    decode = jax.jit(lambda s, tuning=tuning: recurrent_kernels.recurrent_decode(
-        s, *_window(x1), slot_ids, tuning=tuning, interpret=interpret)[1], donate_argnums=0)
+    decode = jax.jit(lambda s, tuning=tuning: kern.recurrent_decode(
+        s, *_window(x1), slot_ids, tuning=tuning)[1], donate_argnums=0)
     t, _ = time_calls(decode, S0 + 0, reps=reps)
     row["rec_decode_us"] = round(t.median_us, 1)
 
@@ -94,20 +106,20 @@ def sweep_state(gdn, B, reps, n_fold=12):  # 12 records of an L = 16 ring, the a
     # beta), folded, against the recurrent verify's state after the same 12 tokens.
     cache = _replay_cache(rng, gdn, spec, B, np.zeros(B), np.zeros(B, bool))
     cache = dataclasses.replace(cache, ssm=S0 + 0)
-    _, *rings = replay_kernels.replay_verify(
+    _, *rings = kern.replay_verify(
         cache.ssm, *(getattr(cache, n) for n in RINGS), *_window(x12), slot_ids, cache.write_pos,
-        cache.cache_base, tuning=KernelTuning.replay_default(gdn.head_v_dim, n_fold), dot_precision="default",
-        interpret=interpret)
+        cache.cache_base, tuning=kern.replay_tuning(gdn.head_v_dim, n_fold),
+        dot_precision="default")
     rings = dict(zip(RINGS, rings))
     count = jnp.full((B,), n_fold, jnp.int32)
-    _, inter = recurrent_kernels.recurrent_verify(
+    _, inter = kern.recurrent_verify(
         S0, jnp.zeros((B, n_fold, *gdn.state_shape), jnp.float32), *_window(x12), slot_ids,
-        tuning=tuning, interpret=interpret)
+        tuning=tuning)
     expected = inter[:, -1]
     del inter
-    fold = jax.jit(lambda s, tuning=tuning: fold_kernels.fold(
+    fold = jax.jit(lambda s, tuning=tuning: kern.fold(
         s, rings["ring_rawk"], rings["ring_rawv"], rings["ring_g"], rings["ring_beta"], slot_ids,
-        count, cache.cache_base, tuning=tuning, interpret=interpret), donate_argnums=0)
+        count, cache.cache_base, tuning=tuning), donate_argnums=0)
     folded = fold(S0 + 0)
     row["fold_bitwise"] = bool(jnp.array_equal(folded, expected))
     t, _ = time_calls(fold, folded, reps=reps)
@@ -123,6 +135,7 @@ def main(argv=None) -> int:
   p.add_argument("--reps", type=int, default=15)
   p.add_argument("--out", default="sweep.json")
   p.add_argument("--only", choices=("state", "replay"), help="sweep one family only")
+  p.add_argument("--backend", choices=bench.BACKENDS, default="pallas")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="stop after the row that crosses this many seconds")
   p.add_argument("--tiny", action="store_true", help="tiny geometry: a smoke run on CPU")
@@ -132,10 +145,10 @@ def main(argv=None) -> int:
   start = time.monotonic()
   gens = []
   if args.only in (None, "state"):
-    gens.append(sweep_state(gdn, args.batch, args.reps))
+    gens.append(sweep_state(gdn, args.batch, args.reps, backend=args.backend))
   if args.only in (None, "replay"):
-    gens += [sweep_replay(gdn, args.batch, 4, 8, args.reps),
-             sweep_replay(gdn, args.batch, 1, 8, args.reps)]
+    gens += [sweep_replay(gdn, args.batch, 4, 8, args.reps, backend=args.backend),
+             sweep_replay(gdn, args.batch, 1, 8, args.reps, backend=args.backend)]
   for gen in gens:
     for row in gen:
       rows.append(row)

@@ -14,7 +14,9 @@ under ``TRITON_INTERPRET=1`` (CPU tests), or compiles it for sm_90 without a GPU
 (`compile_check` reports registers and spills at the anchor geometry). Needs the ``triton``
 extra (``jax-triton``, ``triton``).
 
-Status: compiled for sm_90 and run in Triton's interpreter on a CPU; not yet run on a GPU.
+Status: passes the GPU tests of the Pallas kernels on an H200 (2026-11-30, jax 0.11.2, triton
+3.6, jax-triton 0.3.1), with the fold bitwise equal to the recurrent verify at every launch
+swept; timings in benchmarks/NOTES.md (run 5).
 """
 
 from __future__ import annotations
@@ -43,16 +45,20 @@ except ModuleNotFoundError as error:  # triton is optional: the package still im
 def state_tuning(V: int) -> KernelTuning:
   """Launch parameters of the triton recurrent kernels and fold (one instance: the bitwise tie).
 
-  Not measured yet: chosen from the sm_90 compile on a CPU (2026-11-30, HV=32, K=V=128, bf16):
-  ``[32, 128]`` tiles in K-chunks of 8 over 2 warps put 2 lanes along K (one shuffle round
-  per product) at 219 / 214 / 159 registers for verify / decode / fold and no spills; K-chunks
-  of 16 take 188 / 168 / 155 registers and two rounds; a tile of more than 64 state elements
-  per thread spills.
+  H200, 2026-11-30, B=256, HV=32, K=V=128 (benchmarks/NOTES.md run 5): ``[32, 128]`` tiles in
+  K-chunks of 16 over 2 warps ran the recurrent verify in 739 us, decode in 268 us and the
+  12-record fold in 624 us; K-chunks of 8 (one shuffle round per product, but 212 registers):
+  967 / 314 / 755 us; 4 warps: 1112 / 337 / 1093 us.
   """
-  return KernelTuning(block_v=min(32, V), num_warps=2, k_chunk=8)
+  return KernelTuning(block_v=min(32, V), num_warps=2, k_chunk=16)
 
 
 def replay_tuning(V: int, T: int) -> KernelTuning:
-  """Launch parameters of the triton replay verify: the Pallas kernels' measured defaults
-  (`KernelTuning.replay_default`), not yet measured for these kernels."""
-  return KernelTuning.replay_default(V, T)
+  """Launch parameters of the triton replay verify.
+
+  H200, 2026-11-30, B=256, write_pos 8 (benchmarks/NOTES.md run 5): ``[128, K]`` tiles over 4
+  warps in K-chunks of 32 were the fastest of the launches tried for both forms: UT at T=4
+  502 us (721 us at (64, 2)), the vector form at T=1 222 us (278 us at (64, 4)).
+  """
+  del T  # one launch served both measured window sizes best
+  return KernelTuning(block_v=min(128, V), num_warps=4, k_chunk=32)

@@ -51,6 +51,8 @@ class Launch:
       `jax.ShapeDtypeStruct` of a fresh output.
     constexprs: the kernel's ``tl.constexpr`` arguments.
     num_warps, num_stages: Triton launch parameters.
+    fp_fusion: Triton's ``enable_fp_fusion`` (contract multiplies into adds); off for the
+      kernels of the bitwise tie (`tile.FP_FUSION`).
   """
 
   kernel: Any
@@ -61,6 +63,7 @@ class Launch:
   constexprs: dict[str, Any]
   num_warps: int
   num_stages: int
+  fp_fusion: bool = True
 
   def out_shapes(self) -> list[jax.ShapeDtypeStruct]:
     return [jax.ShapeDtypeStruct(self.inputs[o].shape, self.inputs[o].dtype) if isinstance(o, str)
@@ -81,7 +84,8 @@ def run(launch: Launch) -> tuple[jax.Array, ...]:
   return tuple(jax_triton.triton_call(
       *launch.inputs.values(), kernel=launch.kernel, out_shape=launch.out_shapes(),
       grid=launch.grid, name=launch.name, num_warps=launch.num_warps,
-      num_stages=launch.num_stages, input_output_aliases=launch.aliases(), **launch.constexprs))
+      num_stages=launch.num_stages, enable_fp_fusion=launch.fp_fusion,
+      input_output_aliases=launch.aliases(), **launch.constexprs))
 
 
 # ----------------------------------------------------------------------------- interpreter
@@ -182,7 +186,8 @@ def compile_sm90(launch: Launch, capability: int = 90):
   source = triton.compiler.ASTSource(fn=launch.kernel, signature=sig,
                                      constexprs=launch.constexprs, attrs=attrs)
   return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                        options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages))
+                        options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages,
+                                     enable_fp_fusion=launch.fp_fusion))
 
 
 def resource_usage(compiled, capability: int = 90) -> dict[str, int]:

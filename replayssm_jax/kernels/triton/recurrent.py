@@ -10,7 +10,7 @@ exact updates of `tile.delta_rule_step` in a ``range`` loop (an ``scf.for``, lik
 
 A row with ``slot_ids[b] < 0`` is padding: zero output, nothing else written. Offsets into
 the state arrays are int64 (``slots * HV * V * K`` passes 2^31 at serving sizes).
-Not yet run on a GPU.
+H200, B=256 (benchmarks/NOTES.md run 5): verify 728 us (87% of copy), decode 266 us (95%).
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ def _recurrent(slot_ids_ptr, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
     A_log, dt_bias = tl.load(A_log_ptr + h), tl.load(dt_bias_ptr + h)
     for t in range(T):
       token = tokens + t
-      k_hat = tile.load_normalized(k_ptr + (token * H + kh) * K, rows, cols)
+      k_hat = tile.load_normalized(k_ptr + (token * H + kh) * K, rows, cols, K)
       g, beta = tile.gating(tl.load(a_ptr + token * HV + h), tl.load(b_ptr + token * HV + h),
                             A_log, dt_bias)
       v = tl.load(v_ptr + (token * HV + h) * V + v_cols).to(tl.float32)
       S, d = tile.delta_rule_step(S, k_hat, v, g, beta)
-      q_hat = tile.load_normalized(q_ptr + (token * H + kh) * K, rows, cols) * (K ** -0.5)
+      q_hat = tile.load_normalized(q_ptr + (token * H + kh) * K, rows, cols, K) * (K ** -0.5)
       tl.store(o_ptr + (token * HV + h) * V + v_cols,
                tile.matvec(S, q_hat).to(o_ptr.dtype.element_ty))
       if STORE_EACH_STEP:
@@ -118,7 +118,7 @@ def recurrent_launch(slot_ids, q, k, v, a, b, A_log, dt_bias, ssm, intermediate,
       outputs=dict(o=jax.ShapeDtypeStruct(v.shape, v.dtype),
                    states="intermediate" if verify else "ssm"),
       constexprs=dict(T=T, H=H, HV=HV, K=K, V=V, BV=tuning.block_v, KC=kc),
-      num_warps=tuning.num_warps, num_stages=tuning.num_stages)
+      num_warps=tuning.num_warps, num_stages=tuning.num_stages, fp_fusion=tile.FP_FUSION)
 
 
 def check_tuning(tuning: KernelTuning, V: int, K: int) -> None:
