@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -118,6 +119,30 @@ class ReplayCache(_Container):
     """Bytes of the six rings (the ReplaySSM spec scratch)."""
     return _tree_nbytes([self.ring_d, self.ring_k, self.ring_g, self.ring_beta,
                          self.ring_rawk, self.ring_rawv])
+
+  RINGS: ClassVar[tuple[str, ...]] = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk",
+                                      "ring_rawv")
+
+  def history(self, ring: str) -> tuple[jax.Array, jax.Array]:
+    """One ring's records in logical order, and which of them are committed.
+
+    Args:
+      ring: a ring field name, e.g. ``"ring_d"`` (`RINGS`).
+
+    Returns:
+      ``(records, committed)``: ``records [slots, L, heads, ...]`` with ``records[s, i]`` the
+      slot's logical record i (ring index ``(cache_base[s] + i) & (L - 1)``), and ``committed
+      bool[slots, L]``, ``i < write_pos[s]``. Records past ``write_pos`` are rejected drafts
+      or stale. A gather: use it to inspect a cache, not in a hot loop.
+    """
+    if ring not in self.RINGS:
+      raise ValueError(f"ring={ring!r} is not a ring of ReplayCache; use one of {self.RINGS}.")
+    x, L = getattr(self, ring), self.ring_len
+    i = jnp.arange(L, dtype=jnp.int32)
+    order = (self.cache_base[:, None] + i) & (L - 1)  # [slots, L]
+    order = order.reshape(order.shape[0], 1, L, *(1,) * (x.ndim - 3))
+    records = jnp.moveaxis(jnp.take_along_axis(x, order, axis=2), 2, 1)
+    return records, i[None, :] < self.write_pos[:, None]
 
 
 @jax.tree_util.register_dataclass

@@ -224,3 +224,46 @@ def test_donation():
   assert isinstance(out, ReplayCache)
   chex.assert_trees_all_equal(out, expected)
   chex.assert_trees_all_equal_shapes_and_dtypes(out, expected)
+
+
+# --- history: the ring in logical order ----------------------------------------------------------
+
+
+def test_history_reads_the_ring_in_logical_order():
+  cb, wp = np.array([0, 5, 7]), np.array([0, 3, 8])
+  s_, h_, p_ = np.meshgrid(np.arange(S), np.arange(HV), np.arange(L), indexing="ij")
+  g = 100.0 * s_ + 10.0 * h_ + p_  # ring_g at slot s, head h, ring index p
+  cache = dataclasses.replace(
+      ReplayCache.create(GDN, REPLAY, S), ring_g=jnp.asarray(g, jnp.float32),
+      cache_base=jnp.asarray(cb, jnp.int32), write_pos=jnp.asarray(wp, jnp.int32))
+  records, committed = cache.history("ring_g")
+  assert records.shape == (S, L, HV)
+  for s in range(S):
+    np.testing.assert_array_equal(np.asarray(records[s]), g[s][:, (cb[s] + np.arange(L)) % L].T)
+  np.testing.assert_array_equal(np.asarray(committed), np.arange(L)[None, :] < wp[:, None])
+  assert cache.history("ring_rawk")[0].shape == (S, L, H, K)
+  with pytest.raises(ValueError, match="'ssm' is not a ring of ReplayCache; use one of"):
+    cache.history("ssm")
+
+
+def test_history_holds_the_committed_raw_inputs():
+  """After a verify of T tokens and a commit of ``accepted``, the committed raw keys are the
+  inputs, in order, whatever the cursors were (xla backend)."""
+  from replayssm_jax import ssm
+
+  spec = dataclasses.replace(REPLAY, backend="xla")
+  rng = np.random.default_rng(0)
+  cache = dataclasses.replace(ReplayCache.create(GDN, spec, S, dtype=jnp.float32),
+                              cache_base=jnp.asarray([0, 3, 6], jnp.int32),
+                              write_pos=jnp.asarray([0, 2, 4], jnp.int32),
+                              is_flush=jnp.zeros((S,), bool))  # no fold: the history stays
+  f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  q, k, v, a, b = f(S, T, H, K), f(S, T, H, K), f(S, T, HV, V), f(S, T, HV), f(S, T, HV)
+  slot_ids = jnp.arange(S, dtype=jnp.int32)
+  _, cache = ssm.verify(cache, q, k, v, a, b, f(HV), f(HV), slot_ids, spec)
+  accepted = jnp.asarray([2, 1, 0], jnp.int32)
+  cache = ssm.commit(cache, slot_ids, accepted, spec)
+  rawk, committed = cache.history("ring_rawk")
+  for s, (start, n) in enumerate([(0, 2), (2, 1), (4, 0)]):
+    assert int(np.sum(committed[s])) == start + n
+    np.testing.assert_array_equal(np.asarray(rawk[s, start:start + n]), np.asarray(k[s, :n]))
