@@ -132,20 +132,27 @@ def _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, T: int, what: st
                         f"{act} activations (ssm.init(..., dtype={act.name})).")
 
 
-def _tuning(cache, tuning: KernelTuning | None, spec: SpecConfig) -> KernelTuning:
-  if tuning is not None:
-    return tuning
+def default_state_tuning(spec: SpecConfig, V: int) -> KernelTuning:
+  """The measured launch of ``spec.backend``'s recurrent kernels and exact fold (one instance:
+  the bitwise tie); V is the value head dim."""
   if spec.backend == "triton":  # its tiles are held differently (kernels/triton/tile.py)
-    return _triton_kernels().state_tuning(cache.ssm.shape[2])
-  return KernelTuning.state_default(cache.ssm.shape[2])
+    return _triton_kernels().state_tuning(V)
+  return KernelTuning.state_default(V)
+
+
+def default_replay_tuning(spec: SpecConfig, V: int, T: int) -> KernelTuning:
+  """The measured launch of ``spec.backend``'s replay verify for a T-token window."""
+  if spec.backend == "triton":
+    return _triton_kernels().replay_tuning(V, T)
+  return KernelTuning.replay_default(V, T)
+
+
+def _tuning(cache, tuning: KernelTuning | None, spec: SpecConfig) -> KernelTuning:
+  return tuning or default_state_tuning(spec, cache.ssm.shape[2])
 
 
 def _replay_tuning(cache, T: int, tuning: KernelTuning | None, spec: SpecConfig) -> KernelTuning:
-  if tuning is not None:
-    return tuning
-  if spec.backend == "triton":
-    return _triton_kernels().replay_tuning(cache.ssm.shape[2], T)
-  return KernelTuning.replay_default(cache.ssm.shape[2], T)
+  return tuning or default_replay_tuning(spec, cache.ssm.shape[2], T)
 
 
 def _kernel(spec: SpecConfig, pallas_fn, reference_fn):

@@ -87,6 +87,9 @@ class ReplayCache(_Container):
   cache_base: jax.Array  # [slots] int32: ring index of logical record 0
   is_flush: jax.Array  # [slots] bool: fold before the next verify
 
+  RINGS: ClassVar[tuple[str, ...]] = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk",
+                                      "ring_rawv")
+
   @classmethod
   def create(cls, gdn: GDNConfig, spec: SpecConfig, num_slots: int,
              dtype=jnp.bfloat16) -> ReplayCache:
@@ -117,11 +120,7 @@ class ReplayCache(_Container):
   @property
   def ring_nbytes(self) -> int:
     """Bytes of the six rings (the ReplaySSM spec scratch)."""
-    return _tree_nbytes([self.ring_d, self.ring_k, self.ring_g, self.ring_beta,
-                         self.ring_rawk, self.ring_rawv])
-
-  RINGS: ClassVar[tuple[str, ...]] = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk",
-                                      "ring_rawv")
+    return _tree_nbytes([getattr(self, name) for name in self.RINGS])
 
   def history(self, ring: str) -> tuple[jax.Array, jax.Array]:
     """One ring's records in logical order, and which of them are committed.
@@ -137,12 +136,20 @@ class ReplayCache(_Container):
     """
     if ring not in self.RINGS:
       raise ValueError(f"ring={ring!r} is not a ring of ReplayCache; use one of {self.RINGS}.")
-    x, L = getattr(self, ring), self.ring_len
-    i = jnp.arange(L, dtype=jnp.int32)
-    order = (self.cache_base[:, None] + i) & (L - 1)  # [slots, L]
-    order = order.reshape(order.shape[0], 1, L, *(1,) * (x.ndim - 3))
-    records = jnp.moveaxis(jnp.take_along_axis(x, order, axis=2), 2, 1)
-    return records, i[None, :] < self.write_pos[:, None]
+    committed = jnp.arange(self.ring_len)[None, :] < self.write_pos[:, None]
+    return logical_order(getattr(self, ring), self.cache_base), committed
+
+
+def logical_order(ring: jax.Array, cache_base: jax.Array) -> jax.Array:
+  """Rings ``[N, heads, L, ...]`` of N slots (or rows) as records in logical order.
+
+  Returns ``[N, L, heads, ...]`` with record i of row n taken from ring index
+  ``(cache_base[n] + i) & (L - 1)``.
+  """
+  L = ring.shape[2]
+  order = (cache_base[:, None] + jnp.arange(L)) & (L - 1)  # [N, L]: ring index of record i
+  order = order.reshape(order.shape[0], 1, L, *(1,) * (ring.ndim - 3))
+  return jnp.moveaxis(jnp.take_along_axis(ring, order, axis=2), 2, 1)
 
 
 @jax.tree_util.register_dataclass

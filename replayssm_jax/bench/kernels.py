@@ -37,7 +37,7 @@ from replayssm_jax.bench.timing import Timing, time_calls
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels import recurrent as recurrent_kernels
 from replayssm_jax.kernels import replay_verify as replay_kernels
-from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
+from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.state import ReplayCache
 
 GEOMETRY = GDNConfig(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
@@ -51,7 +51,8 @@ BACKENDS = ("pallas", "triton")
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-  """One backend's kernels, called alike (the Pallas signatures without ``interpret``)."""
+  """One backend's kernels and default launches, as `ssm` picks them (`ssm._kernel`), called
+  alike: the Pallas signatures without ``interpret``."""
 
   backend: str
   recurrent_verify: Callable
@@ -64,18 +65,17 @@ class Kernels:
 
 def kernels_for(backend: str) -> Kernels:
   """The kernels of ``backend`` ("pallas" or "triton"; triton needs jax-triton and a GPU)."""
-  if backend == "pallas":
-    bind = functools.partial(functools.partial, interpret=interpret_mode())
-    return Kernels(backend, bind(recurrent_kernels.recurrent_verify),
-                   bind(recurrent_kernels.recurrent_decode), bind(fold_kernels.fold),
-                   bind(replay_kernels.replay_verify), KernelTuning.state_default,
-                   KernelTuning.replay_default)
-  if backend == "triton":
-    from replayssm_jax.kernels import triton as tk
-
-    return Kernels(backend, tk.recurrent_verify, tk.recurrent_decode, tk.fold, tk.replay_verify,
-                   tk.state_tuning, tk.replay_tuning)
-  raise ValueError(f"backend={backend!r} is not benchmarked; use one of {BACKENDS}.")
+  if backend not in BACKENDS:
+    raise ValueError(f"backend={backend!r} is not benchmarked; use one of {BACKENDS}.")
+  spec = SpecConfig(backend=backend)
+  pick = functools.partial(ssm._kernel, spec)
+  return Kernels(
+      backend, pick(recurrent_kernels.recurrent_verify, recurrent_kernels.recurrent_verify_reference),
+      pick(recurrent_kernels.recurrent_decode, recurrent_kernels.recurrent_decode_reference),
+      pick(fold_kernels.fold, fold_kernels.fold_reference),
+      pick(replay_kernels.replay_verify, replay_kernels.replay_verify_reference),
+      functools.partial(ssm.default_state_tuning, spec),
+      functools.partial(ssm.default_replay_tuning, spec))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,8 +60,9 @@ from replayssm_jax.config import DOT_PRECISIONS, next_power_of_two
 from replayssm_jax.kernels import tile
 from replayssm_jax.kernels.backend import KernelTuning, dot_algorithm
 from replayssm_jax.kernels.recurrent import token_inputs
+from replayssm_jax.state import ReplayCache, logical_order
 
-RING_NAMES = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk", "ring_rawv")
+RING_NAMES = ReplayCache.RINGS
 RING_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 # The (I + A) inverse is unrolled T - 1 times; the [2 T, K] window tile lives in registers
 # (H200: T=8 ran in 546 us at B=256, T=16 in 8.6 ms, spilling).
@@ -432,11 +433,7 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
 
 def _ring_history(ring, slot, cache_base):
   """``ring[slot]`` ``[B, heads, L, ...]`` in logical order, as records ``[B, L, heads, ...]``."""
-  x = ring[jnp.maximum(slot, 0)]
-  L = x.shape[2]
-  order = (cache_base[:, None] + jnp.arange(L)) & (L - 1)  # [B, L]: phys of logical i
-  x = jnp.take_along_axis(x, order.reshape(order.shape[0], 1, L, *(1,) * (x.ndim - 3)), axis=2)
-  return jnp.moveaxis(x, 2, 1)
+  return logical_order(ring[jnp.maximum(slot, 0)], cache_base)
 
 
 def _scatter_records(ring, slot_ids, phys, records):
