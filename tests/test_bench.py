@@ -60,11 +60,13 @@ def test_kernels_for_names_each_backend():
 def test_sweep_candidates_are_valid_launches():
   """Every candidate tiles the anchor geometry; the triton UT form's dots need 16 on each side."""
   from replayssm_jax.bench import sweep
+  from replayssm_jax.kernels import replay_verify
 
+  forms = {"pallas": replay_verify.FORMS, "triton": ("ut", "vec")}
   for backend, (replay, state) in sweep.CANDIDATES.items():
     for form, tuning in replay:
       tuning.check(128, 128)
-      assert form in ("ut", "vec"), (backend, form)
+      assert form in forms[backend], (backend, form)
       if backend == "triton" and form == "ut":
         assert min(tuning.block_v, tuning.k_chunk) >= 16, tuning
     for tuning in state:
@@ -83,3 +85,18 @@ def test_sweep_state_smoke(tmp_path):
   rows = json.loads(out.read_text())["rows"]
   assert rows and all(r["backend"] == "pallas" and r["fold_bitwise"] is True for r in rows)
   assert all(r["fold_us"] > 0 and r["rec_verify_us"] > 0 for r in rows)
+
+
+def test_sweep_replay_smoke(tmp_path):
+  """The replay sweep times the split form per coefficients launch (tiny geometry, CPU: the
+  other candidates' tiles are wider than its V and are skipped)."""
+  from replayssm_jax.bench import sweep
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "replay", "--batch", "2", "--reps", "1",
+                     "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert not [r for r in rows if "error" in r]
+  warps = {r["coefficient_warps"] for r in rows if "coefficient_warps" in r}
+  assert warps == set(sweep.COEFFICIENT_WARPS)
+  assert all(r["median_us"] > 0 for r in rows)

@@ -181,6 +181,19 @@ def f32(x):
   return np.asarray(jnp.asarray(x, jnp.float32))
 
 
+# Bits a kernel's k_hat record may differ from XLA's l2 norm by: 2 ulp in fp32 (H200, K=32),
+# 1 ulp once rounded to bfloat16.
+MAX_K_HAT_ULPS = {4: 2, 2: 1}
+
+
+def window_mask(shape, slot_ids, phys):
+  """``[slots, heads, L, ...]`` mask of the ring entries the rows' windows write."""
+  mask = np.zeros(shape[:3], bool)
+  for row in np.flatnonzero(slot_ids >= 0):
+    mask[slot_ids[row], :, phys[row]] = True
+  return mask.reshape(shape[:3] + (1,) * (len(shape) - 3))
+
+
 def bits(x):
   """The raw bits of a float array: bitwise equality, NaN payloads and bfloat16 included."""
   return np.asarray(x).view(f"uint{8 * np.asarray(x).dtype.itemsize}")
@@ -226,6 +239,13 @@ def test_replay_verify(c: Case, form, interpret):
         else:
           expected[slot][:, phys[row]] = np.asarray(
               jnp.swapaxes(records[ring_name][row], 0, 1).astype(ring.dtype))
+      if ring_name == "ring_k" and name == "kernel":
+        # The kernels' l2 norm sums over K in their tile's order, XLA in its own: the k_hat
+        # records may differ in the last bits (the fold recomputes k_hat from raw k, so no
+        # committed state sees them). Everything else stays bitwise.
+        ulps = np.abs(bits(got).astype(np.int64) - bits(expected).astype(np.int64))
+        assert ulps.max() <= MAX_K_HAT_ULPS[ring.dtype.itemsize], (name, ulps.max())
+        got = np.where(window_mask(got.shape, slot_ids, phys), expected, got)
       np.testing.assert_array_equal(bits(got), bits(expected), err_msg=f"{name} {ring_name}")
 
   o_kernel, o_ref = kernel_out[0], ref_out[0]

@@ -296,7 +296,8 @@ def main(argv=None) -> int:
       rows.append(dict(kernel=name, B=B, wp=wp, L=L, median_us=round(t.median_us, 2),
                        p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2), reps=t.reps,
                        method=t.method, min_bytes=int(model), tbps=round(tbps, 3),
-                       pct_copy=round(100 * tbps * 1e12 / bw, 1), kernels=list(t.kernels)))
+                       pct_copy=round(100 * tbps * 1e12 / bw, 1), kernels=list(t.kernels),
+                       kernel_us=t.by_kernel()))
       r = rows[-1]
       print(f"B={B:4d} {name:18s} wp={wp:3d} L={L:3d} {r['median_us']:10.1f} us "
             f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%", flush=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -27,17 +28,20 @@ from replayssm_jax.bench import kernels as bench
 from replayssm_jax.bench.kernels import Bytes, _inputs, _replay_cache, _window
 from replayssm_jax.bench.timing import time_calls
 from replayssm_jax.config import SpecConfig
+from replayssm_jax.kernels import replay_split
 from replayssm_jax.kernels import replay_verify as replay_kernels
-from replayssm_jax.kernels.backend import KernelTuning
+from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
 
 RINGS = replay_kernels.RING_NAMES
-# (form, tuning) pairs of the replay verify; `k_chunk` only matters to the vector form.
-# SGLang's replay verify runs one warp per [64, K] tile (research/replayssm-algorithm.md 3.2).
-REPLAY = [("ut", KernelTuning(block_v=bv, num_warps=w))
-          for bv, w in [(64, 1), (64, 2), (128, 1), (128, 2), (128, 4)]] + [
-    ("vec", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
-    for bv, w, kc in [(32, 2, 32), (32, 4, 32), (64, 2, 32), (64, 4, 32), (64, 4, 64), (128, 4, 32),
-                      (128, 8, 32), (128, 8, 64), (128, 4, 128)]]
+# (form, tuning) pairs of the replay verify; `k_chunk` matters to the vector form (its chunks)
+# and the split forms (the K-step of the pipelined stream, with `num_stages`). The one-kernel
+# forms keep their best launches of runs 2-5 (benchmarks/NOTES.md), the split forms those
+# within 5% of the best in run 6.
+REPLAY = [("ut", KernelTuning(block_v=64, num_warps=2)),
+          ("vec", KernelTuning(block_v=64, num_warps=4, k_chunk=32))] + [
+    (form, KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=st))
+    for form, bv, w, kc, st in [("split", 128, 4, 64, 2), ("split", 64, 2, 32, 3),
+                                ("split-xla", 128, 4, 64, 2)]]
 STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
          for bv, w, kc in [(32, 2, 16), (16, 1, 16), (32, 2, 32), (32, 1, 32), (16, 1, 32),
                            (64, 2, 32)]]
@@ -50,35 +54,46 @@ TRITON_REPLAY = [("ut", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
 TRITON_STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
                 for bv, w, kc in [(32, 2, 8), (32, 2, 16), (16, 1, 8), (32, 4, 8), (64, 4, 8)]]
 CANDIDATES = {"pallas": (REPLAY, STATE), "triton": (TRITON_REPLAY, TRITON_STATE)}
+COEFFICIENT_WARPS = (1, 2, 4)  # warps of the split form's coefficients kernel
 
 
 def sweep_replay(gdn, B, T, wp, reps, backend="pallas"):
+  """The replay verify per (form, tuning); on Pallas also the split form's coefficients
+  kernel per warp count (`COEFFICIENT_WARPS`) under the default stream launch."""
   rng = np.random.default_rng(0)
   spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
   x = _inputs(rng, B, T, gdn)
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   model = B * Bytes(gdn, T).rssm_verify(wp, T)
   kern = bench.kernels_for(backend)
-  for form, tuning in CANDIDATES[backend][0]:
+  variants = [(form, tuning, {}) for form, tuning in CANDIDATES[backend][0]]
+  if backend == "pallas":
+    variants += [("split", kern.replay_tuning(gdn.head_v_dim, T), dict(coefficient_warps=w))
+                 for w in COEFFICIENT_WARPS]
+  for form, tuning, extra in variants:
     if tuning.block_v > gdn.head_v_dim or (backend == "triton" and (form == "vec") != (T == 1)):
       continue
     cache = _replay_cache(rng, gdn, spec, B, np.full(B, wp), np.zeros(B, bool))
+    if extra:
+      verify = functools.partial(replay_split.replay_verify_split, interpret=interpret_mode(),
+                                 **extra)
+    else:
+      verify = functools.partial(kern.replay_verify, form=form)
 
-    def run(c, tuning=tuning, form=form):
-      _, *out = kern.replay_verify(
-          c.ssm, *(getattr(c, n) for n in RINGS), *_window(x), slot_ids, c.write_pos,
-          c.cache_base, tuning=tuning, dot_precision="default", form=form)
+    def run(c, tuning=tuning, verify=verify):
+      _, *out = verify(c.ssm, *(getattr(c, n) for n in RINGS), *_window(x), slot_ids,
+                       c.write_pos, c.cache_base, tuning=tuning, dot_precision="default")
       return dataclasses.replace(c, **dict(zip(RINGS, out)))
 
+    row = dict(kernel=f"replay_verify_{form}_T{T}", backend=backend, B=B, wp=wp,
+               **dataclasses.asdict(tuning), **extra)
     try:
       t, _ = time_calls(jax.jit(run, donate_argnums=0), cache, reps=reps)
     except Exception as e:  # a launch shape Triton rejects (registers, shared memory)
-      yield dict(kernel=f"replay_verify_{form}_T{T}", backend=backend, B=B, wp=wp,
-                 **dataclasses.asdict(tuning), error=f"{type(e).__name__}: {str(e)[:200]}")
+      yield dict(row, error=f"{type(e).__name__}: {str(e)[:200]}")
       continue
-    yield dict(kernel=f"replay_verify_{form}_T{T}", backend=backend, B=B, wp=wp,
-               **dataclasses.asdict(tuning), median_us=round(t.median_us, 1),
-               tbps=round(model / t.median_us / 1e6, 3))
+    yield dict(row, median_us=round(t.median_us, 1), tbps=round(model / t.median_us / 1e6, 3),
+               kernel_us=t.by_kernel())
 
 
 def sweep_state(gdn, B, reps, n_fold=12, backend="pallas"):  # 12 records: the anchor's fold

@@ -30,12 +30,20 @@ class Timing:
   reps: int
   method: str  # "device-events" or "host-clock"
   kernels: tuple[str, ...] = ()  # device kernels launched by one call
+  kernel_us: tuple[float, ...] = ()  # the median device time of each of them
+
+  def by_kernel(self) -> dict[str, float]:
+    """Median microseconds per kernel name (summed over the launches of one name)."""
+    out: dict[str, float] = {}
+    for name, us in zip(self.kernels, self.kernel_us):
+      out[name] = round(out.get(name, 0.0) + us, 2)
+    return out
 
 
-def _summary(times_us: list[float], method: str, kernels=()) -> Timing:
+def _summary(times_us: list[float], method: str, kernels=(), kernel_us=()) -> Timing:
   t = np.asarray(times_us)
   return Timing(float(np.median(t)), float(np.quantile(t, 0.2)), float(np.quantile(t, 0.8)),
-                len(t), method, tuple(kernels))
+                len(t), method, tuple(kernels), tuple(float(x) for x in kernel_us))
 
 
 def _device_events(trace_dir: str) -> list[tuple[float, float, str]]:
@@ -125,5 +133,7 @@ def time_calls(fn: Callable, state, *, reps: int = 50, warmup: int = 3,
     groups = [events[i * per_rep + flush_events:(i + 1) * per_rep] for i in range(reps)]
     names = tuple(name for _, _, name in groups[-1])
     if names:
-      return _summary([sum(d for _, d, _ in g) / 1e3 for g in groups], "device-events", names), state
+      per_kernel = np.median([[d / 1e3 for _, d, _ in g] for g in groups], axis=0)
+      return _summary([sum(d for _, d, _ in g) / 1e3 for g in groups], "device-events", names,
+                      per_kernel), state
   return _summary(host, "host-clock"), state

@@ -61,17 +61,15 @@ class KernelTuning:
 
   @classmethod
   def replay_default(cls, V: int, T: int) -> KernelTuning:
-    """Launch parameters of the replay verify (no bitwise tie to the fold).
+    """Launch parameters of the replay verify's checkpoint stream (split form, any T).
 
-    H200, B=256, HV=32, K=V=128, L=16, bf16, write_pos 8: T=1 (vector form, `replay_form`)
-    194 us at (64, 4 warps, K-chunks of 32); T=4 (UT form) 394 us at (64, 2) against 991 us at
-    (32, 4); T=8 was best at (128, 4).
+    H200, B=256, HV=32, K=V=128, L=16, bf16, write_pos 8 (benchmarks/NOTES.md run 6):
+    [128, K] tiles over 4 warps, streamed in K-steps of 64 through 2 pipeline stages, ran
+    T=4 in 251 us and T=1 in 182 us; every launch swept was within 10% except the unpipelined
+    one (one K-step of 128: 340 us at T=4).
     """
-    if T == 1:
-      return cls(block_v=min(64, V), num_warps=4, k_chunk=32)
-    if T <= 4:
-      return cls(block_v=min(64, V), num_warps=2)
-    return cls(block_v=min(128, V), num_warps=4)
+    del T
+    return cls(block_v=min(128, V), num_warps=4, k_chunk=64, num_stages=2)
 
   def check(self, V: int, K: int | None = None) -> None:
     """Raise `ValueError` unless ``block_v`` tiles ``V`` (and ``k_chunk`` tiles ``K``) in
@@ -101,3 +99,15 @@ def dot_algorithm(precision: str, *, interpret: bool):
       "bf16": jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
       "ieee": jax.lax.DotAlgorithmPreset.F32_F32_F32,
   }[precision]
+
+
+def mma_algorithm(precision: str, contraction: int, *, interpret: bool):
+  """`precision=` of an in-kernel dot: the knob, or exact fp32 for short contractions.
+
+  Measured on the H200 (2026-11-29, jax 0.11.2, triton 3.6, Pallas Triton lowering): tf32
+  dots contracting over fewer than 8 and bf16 dots over fewer than 16 return garbage
+  (relative error 1 to 10; M and N as small as 1 are fine), while fp32 ("ieee") dots of
+  every size are right and, this small, cost nothing measurable. The window's own [T, T]
+  products are always exact; the K and L contractions use the knob from 16 on.
+  """
+  return dot_algorithm(precision if contraction >= 16 else "ieee", interpret=interpret)

@@ -42,8 +42,8 @@ holds T separate vectors and the checkpoint as K-chunks (`tile`), with no dots (
   window writes of other programs to the same rows are never looked at.
 - Matrix products are 2-D dots on ``X = [q_hat; k_hat]`` (``[2 T_pad, K]``): ``X S0^T``,
   ``X K_hist^T``, then ``[L]``-contracted with the weighted d history, and the ``[T, T]``
-  window products (see `_mma` for their precisions). ``(I + A)^-1`` is a forward
-  substitution unrolled over T.
+  window products (see `backend.mma_algorithm` for their precisions). ``(I + A)^-1`` is a
+  forward substitution unrolled over T.
 """
 
 from __future__ import annotations
@@ -53,13 +53,15 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
 from replayssm_jax.config import DOT_PRECISIONS, next_power_of_two
-from replayssm_jax.kernels import tile
-from replayssm_jax.kernels.backend import KernelTuning, dot_algorithm
+from replayssm_jax.kernels import replay_split, tile
+from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm
 from replayssm_jax.kernels.recurrent import token_inputs
+from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_weights, load_gates,
+                                                load_keys, masked, scatter_records, store_rows,
+                                                window_solve)
 from replayssm_jax.state import ReplayCache, logical_order
 
 RING_NAMES = ReplayCache.RINGS
@@ -67,53 +69,17 @@ RING_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 # The (I + A) inverse is unrolled T - 1 times; the [2 T, K] window tile lives in registers
 # (H200: T=8 ran in 546 us at B=256, T=16 in 8.6 ms, spilling).
 MAX_DRAFT_TOKENS = 16
-FORMS = ("ut", "vec")
+FORMS = ("ut", "vec", "split", "split-xla")
 
 
 def replay_form(T: int) -> str:
-  """The faster form for a T-token window on the H200 (benchmarks/NOTES.md run 4, B=256).
+  """The faster form for a T-token window on the H200 (benchmarks/NOTES.md, B=256).
 
-  T=1 (decode): the vector form, 194 us against 298 us for the UT form's best; T=4: the UT
-  form, 397 us against 509 us for the vector form's best.
+  The split form: 251 us at T=4 against the UT form's 398, 182 us at T=1 (decode) against
+  the vector form's 194 (run 6).
   """
-  return "vec" if T == 1 else "ut"
-
-
-def _mma(dot_precision: str, contraction: int, interpret: bool):
-  """`precision=` of an in-kernel dot: the knob, or exact fp32 for short contractions.
-
-  Measured on the H200 (2026-11-29, jax 0.11.2, triton 3.6, Pallas Triton lowering): tf32
-  dots contracting over fewer than 8 and bf16 dots over fewer than 16 return garbage
-  (relative error 1 to 10; M and N as small as 1 are fine), while fp32 ("ieee") dots of
-  every size are right and, this small, cost nothing measurable. The window's own [T, T]
-  products are always exact; the K and L contractions use the knob from 16 on.
-  """
-  return dot_algorithm(dot_precision if contraction >= 16 else "ieee", interpret=interpret)
-
-
-def _history_weights(write_pos, cache_base, g_ring):
-  """Weights of the row's ring history for the replay identity, from its ``[L]`` gates.
-
-  Returns:
-    ``(exp(G_m), w, valid)``: the decay over the whole history; ``w [L]`` with
-    ``w_i = exp(sum of the g logically after record i)``, summed through an ``[L, L]`` mask (no
-    cancellation, any wraparound); and the mask of the records logically before ``write_pos``.
-    Callers select the other records away (never multiply them by 0), so stale or NaN entries
-    cannot leak.
-  """
-  L = g_ring.shape[0]
-  pos = jax.lax.broadcasted_iota(jnp.int32, (L,), 0)
-  logical = (pos - cache_base) & (L - 1)
-  valid = logical < write_pos
-  g_hist = jnp.where(valid, g_ring, 0.0)
-  later = logical[None, :] > logical[:, None]  # [L, L]: record p' after record p
-  w = jnp.where(valid, jnp.exp(jnp.sum(jnp.where(later, g_hist[None, :], 0.0), axis=1)), 0.0)
-  return jnp.exp(jnp.sum(g_hist)), w, valid
-
-
-def _masked(x, valid):
-  """The rows of ``x [L, ...]`` at valid records in fp32, zero elsewhere."""
-  return jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
+  del T
+  return "split"
 
 
 def _replay_verify_kernel(
@@ -163,43 +129,26 @@ def _replay_verify_kernel(
   K = q_ref.shape[-1]
   T_pad = next_power_of_two(T)
   tok = jax.lax.broadcasted_iota(jnp.int32, (T_pad,), 0)
-  in_window = tok < T  # the rows past T pad the window to a power of two
   rows_v = (tok[:, None], j * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1))
-  mask_v = jnp.broadcast_to(in_window[:, None], (T_pad, block_v))
-
-  def store(ref, idx, value, mask):  # masked scatter of the window rows (all-array indices)
-    pltriton.store(ref.at[idx], value.astype(ref.dtype), mask=mask)
+  mask_v = jnp.broadcast_to((tok < T)[:, None], (T_pad, block_v))
 
   @pl.when(slot < 0)
   def _padding():
-    store(o_ref, (row, rows_v[0], h, rows_v[1]), jnp.zeros((T_pad, block_v)), mask_v)
+    store_rows(o_ref, (row, rows_v[0], h, rows_v[1]), jnp.zeros((T_pad, block_v)), mask_v)
 
   @pl.when(slot >= 0)
   def _verify():
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
-    # precision_k / _l / _t: the dots contracting over K, L and the window (see `_mma`).
-    def dot(x, y, precision):
-      return jnp.dot(x, y, precision=precision, preferred_element_type=jnp.float32)
+    # precision_k / _l / _t: the dots contracting over K, L and the window (`mma_algorithm`).
+    win = load_keys(q_ref, k_ref, row, kh, T, scale)
+    gates = load_gates(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T)
+    v_raw = v_ref[row, jnp.minimum(tok, T - 1), h, vs]  # [T_pad, BV]
+    v = jnp.where(win.in_window[:, None], v_raw.astype(jnp.float32), 0.0)
+    X = win.X  # [q_hat; k_hat]
 
-    def dot_nt(x, y, precision):  # x @ y^T, contracting the last axes
-      return jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), precision=precision,
-                                 preferred_element_type=jnp.float32)
-
-    # The window, all rows at once (rows past T read token T-1 and are zeroed). `token_inputs`
-    # is elementwise in g and beta, so they are bitwise those of the recurrent path.
-    src = jnp.minimum(tok, T - 1)
-    k_raw, v_raw = k_ref[row, src, kh, :], v_ref[row, src, h, vs]  # [T_pad, K], [T_pad, BV]
-    q_hat, k_hat, v, g, beta = token_inputs(
-        q_ref[row, src, kh, :], k_raw, v_raw, a_ref[row, src, h], b_ref[row, src, h],
-        A_log_ref[h], dt_bias_ref[h], scale)
-    q_hat, k_hat, v = (jnp.where(in_window[:, None], x, 0.0) for x in (q_hat, k_hat, v))
-    g_win, beta_win = jnp.where(in_window, g, 0.0), jnp.where(in_window, beta, 0.0)
-    # X = [q_hat; k_hat] (Triton has no row concatenation: stack on a new last axis, move it).
-    X = jnp.transpose(jnp.stack([q_hat, k_hat], axis=-1), (2, 0, 1)).reshape(2 * T_pad, K)
-
-    decay_all, w, valid = _history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
-    d_hist = _masked(ring_d_ref[slot, h, :, vs], valid)
-    k_hist = _masked(ring_k_ref[slot, kh, :, :], valid)
+    decay_all, w, valid = history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
+    d_hist = masked(ring_d_ref[slot, h, :, vs], valid)
+    k_hist = masked(ring_k_ref[slot, kh, :, :], valid)
 
     # [W_q; W_k] = exp(G_m) X S0^T + ((X K_hist^T) * w) D_hist              [2 T_pad, BV]
     # A tensor-core dot beat multiply-reduce here (H200, B=256, T=4: 396 vs 736 us;
@@ -208,40 +157,30 @@ def _replay_verify_kernel(
     W = W + dot(dot_nt(X, k_hist, precision_k) * w[None, :], d_hist, precision_l)
     W_q, W_k = jnp.split(W, 2, axis=0)
     # [T_pad, T_pad]: q_hat_s . k_hat_j and k_hat_s . k_hat_j
-    qk, kk = jnp.split(dot_nt(X, k_hat, precision_t), 2, axis=0)
+    qk, kk = jnp.split(dot_nt(X, win.k_hat, precision_t), 2, axis=0)
 
-    causal = tok[:, None] >= tok[None, :]
-    Gamma = jnp.sum(jnp.where(causal, g_win[None, :], 0.0), axis=1)
-    decay = jnp.where(causal, jnp.exp(jnp.where(causal, Gamma[:, None] - Gamma[None, :], 0.0)), 0.0)
-    A = jnp.where(tok[:, None] > tok[None, :], beta_win[:, None] * decay * kk, 0.0)
-    R = beta_win[:, None] * (v - jnp.exp(Gamma)[:, None] * W_k)
-
-    # (I + A)^-1 by forward substitution, row i = e_i - A[i, :] @ Tinv (rows < i final).
-    Tinv = jnp.where(tok[:, None] == tok[None, :], 1.0, 0.0)
-    for i in range(1, T):
-      a_i = jnp.sum(jnp.where(tok[:, None] == i, A, 0.0), axis=0)
-      row_i = Tinv - jnp.sum(a_i[:, None] * Tinv, axis=0)[None, :]
-      Tinv = jnp.where(tok[:, None] == i, row_i, Tinv)
+    Gamma, decay, Tinv = window_solve(gates.g_win, gates.beta_win, kk, T)
+    R = gates.beta_win[:, None] * (v - jnp.exp(Gamma)[:, None] * W_k)
     D = dot(Tinv, R, precision_t)
     O = jnp.exp(Gamma)[:, None] * W_q + dot(decay * qk, D, precision_t)
 
     # The records go to logical write_pos + s; only the rows of the window are stored.
     phys = ((cache_base + write_pos + tok) & (L - 1))[:, None]  # [T_pad, 1]
     cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
-    mask_k = jnp.broadcast_to(in_window[:, None], (T_pad, K))
-    store(o_ref, (row, rows_v[0], h, rows_v[1]), O, mask_v)
-    store(ring_d_out_ref, (slot, h, phys, rows_v[1]), D, mask_v)
-    store(ring_rawv_out_ref, (slot, h, phys, rows_v[1]), v_raw, mask_v)
+    mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
+    store_rows(o_ref, (row, rows_v[0], h, rows_v[1]), O, mask_v)
+    store_rows(ring_d_out_ref, (slot, h, phys, rows_v[1]), D, mask_v)
+    store_rows(ring_rawv_out_ref, (slot, h, phys, rows_v[1]), v_raw, mask_v)
 
     @pl.when(j == 0)  # one writer per value head for g and beta
     def _():
-      store(ring_g_out_ref, (slot, h, phys[:, 0]), g, in_window)
-      store(ring_beta_out_ref, (slot, h, phys[:, 0]), beta, in_window)
+      store_rows(ring_g_out_ref, (slot, h, phys[:, 0]), gates.g, win.in_window)
+      store_rows(ring_beta_out_ref, (slot, h, phys[:, 0]), gates.beta, win.in_window)
 
     @pl.when((j == 0) & (h % gqa_ratio == 0))  # one writer per key head for k_hat and raw k
     def _():
-      store(ring_k_out_ref, (slot, kh, phys, cols_k), k_hat, mask_k)
-      store(ring_rawk_out_ref, (slot, kh, phys, cols_k), k_raw, mask_k)
+      store_rows(ring_k_out_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
+      store_rows(ring_rawk_out_ref, (slot, kh, phys, cols_k), win.k_raw, mask_k)
 
 
 def _replay_verify_vec_kernel(
@@ -278,9 +217,9 @@ def _replay_verify_vec_kernel(
   def _verify():
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
     S0 = tile.load(ssm_ref, (slot, h, vs), K, k_chunk)
-    decay_all, w, valid = _history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
-    d_hist = _masked(ring_d_ref[slot, h, :, vs], valid)  # [L, BV]
-    k_hist = tuple(_masked(k_c, valid) for k_c in tile.load(
+    decay_all, w, valid = history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
+    d_hist = masked(ring_d_ref[slot, h, :, vs], valid)  # [L, BV]
+    k_hist = tuple(masked(k_c, valid) for k_c in tile.load(
         ring_k_ref, (slot, kh, pl.ds(0, L)), K, k_chunk))  # [L, KC] chunks
 
     def apply_hist(x):  # S_hist x = exp(G_m) S0 x + sum_i w_i (k_i . x) d_i       [BV]
@@ -362,9 +301,9 @@ def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   kernel = functools.partial(
       _replay_verify_vec_kernel if form == "vec" else _replay_verify_kernel, T=T,
       k_chunk=tuning.k_chunk, L=ring_g.shape[-1], gqa_ratio=HV // H, block_v=tuning.block_v,
-      scale=K ** -0.5, precision_k=_mma(dot_precision, K, interpret),
-      precision_l=_mma(dot_precision, ring_g.shape[-1], interpret),
-      precision_t=_mma("ieee", T, interpret))
+      scale=K ** -0.5, precision_k=mma_algorithm(dot_precision, K, interpret=interpret),
+      precision_l=mma_algorithm(dot_precision, ring_g.shape[-1], interpret=interpret),
+      precision_t=mma_algorithm("ieee", T, interpret=interpret))
   inputs = dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, v=v,
                 a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm, ring_d=ring_d, ring_k=ring_k,
                 ring_g=ring_g, ring_beta=ring_beta, ring_rawk=ring_rawk, ring_rawv=ring_rawv)
@@ -402,8 +341,10 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
     dot_precision: ``"default"``, ``"tf32"``, ``"bf16"`` or ``"ieee"`` for the in-kernel dots.
     interpret: run the Pallas interpreter (CPU).
     form: ``"ut"``, the window as a ``[T, K]`` tile through tensor-core dots and the UT
-      transform, or ``"vec"``, T separate vectors by multiply-reduce (no dots); None picks
-      `replay_form` of T.
+      transform, ``"vec"``, T separate vectors by multiply-reduce (no dots), or ``"split"``,
+      the window's coefficients once per (row, head) and then a pipelined stream of the
+      checkpoint (`replay_split`), or ``"split-xla"``, the same with the coefficients as
+      batched XLA ops; None picks `replay_form` of T.
 
   Returns:
     ``(o, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``, ``o [B, T, HV, V]`` in
@@ -424,6 +365,10 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   form = form or replay_form(q.shape[1])
   if form not in FORMS:
     raise ValueError(f"form={form!r} is unknown; use one of {FORMS}.")
+  if form.startswith("split"):
+    return replay_split.replay_verify_split(
+        *args, tuning=tuning, dot_precision=dot_precision, interpret=interpret,
+        coefficients="xla" if form == "split-xla" else "pallas")
   return _replay_verify_call(*args, tuning=tuning, dot_precision=dot_precision,
                              interpret=interpret, form=form)
 
@@ -434,13 +379,6 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
 def _ring_history(ring, slot, cache_base):
   """``ring[slot]`` ``[B, heads, L, ...]`` in logical order, as records ``[B, L, heads, ...]``."""
   return logical_order(ring[jnp.maximum(slot, 0)], cache_base)
-
-
-def _scatter_records(ring, slot_ids, phys, records):
-  """``ring[slot, :, phys[b, s]] = records[b, :, s]``, dropping padding rows (slot -1)."""
-  slot = jnp.where(slot_ids < 0, ring.shape[0], slot_ids)[:, None, None]
-  heads = jnp.arange(ring.shape[1])[None, :, None]
-  return ring.at[slot, heads, phys[:, None, :]].set(records.astype(ring.dtype), mode="drop")
 
 
 def replay_verify_reference(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
@@ -494,11 +432,11 @@ def replay_verify_reference(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, r
   phys = (cache_base[:, None] + write_pos[:, None] + tok[None, :]) & (L - 1)  # [B, T]
   key_records = jnp.moveaxis(reference.l2_normalize(k.astype(jnp.float32)), 1, 2)  # [B, H, T, K]
   rings = (
-      _scatter_records(ring_d, slot_ids, phys, D),
-      _scatter_records(ring_k, slot_ids, phys, key_records),
-      _scatter_records(ring_g, slot_ids, phys, g),
-      _scatter_records(ring_beta, slot_ids, phys, beta),
-      _scatter_records(ring_rawk, slot_ids, phys, jnp.moveaxis(k, 1, 2)),
-      _scatter_records(ring_rawv, slot_ids, phys, jnp.moveaxis(v, 1, 2)),
+      scatter_records(ring_d, slot_ids, phys, D),
+      scatter_records(ring_k, slot_ids, phys, key_records),
+      scatter_records(ring_g, slot_ids, phys, g),
+      scatter_records(ring_beta, slot_ids, phys, beta),
+      scatter_records(ring_rawk, slot_ids, phys, jnp.moveaxis(k, 1, 2)),
+      scatter_records(ring_rawv, slot_ids, phys, jnp.moveaxis(v, 1, 2)),
   )
   return (o, *rings)

@@ -1,0 +1,143 @@
+"""Pieces the Pallas replay kernels share: the ring history, the window, its UT inverse.
+
+Used by the one-kernel replay verify (`replay_verify`) and its split form (`replay_split`);
+the math is in `replay_verify`'s docstring. Physical ring position p of a row holds logical
+record ``(p - cache_base) & (L - 1)``; the history is the records logically before
+``write_pos``. Records outside it are selected away, never multiplied by 0, so stale or NaN
+entries cannot leak into a product.
+
+The window is held as ``T_pad = next_power_of_two(T)`` rows (every Triton tensor is a power
+of two): rows past T read token T - 1 and are zeroed, and stores skip them (`store_rows`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import triton as pltriton
+
+from replayssm_jax import reference
+from replayssm_jax.config import next_power_of_two
+
+
+def history_mask(write_pos, cache_base, L: int):
+  """``(valid [L], logical [L])``: which physical positions hold history, and their order."""
+  logical = (jax.lax.broadcasted_iota(jnp.int32, (L,), 0) - cache_base) & (L - 1)
+  return logical < write_pos, logical
+
+
+def history_weights(write_pos, cache_base, g_ring):
+  """Weights of the row's ring history for the replay identity, from its ``[L]`` gates.
+
+  Returns:
+    ``(exp(G_m), w, valid)``: the decay over the whole history; ``w [L]`` with
+    ``w_i = exp(sum of the g logically after record i)``, summed through an ``[L, L]`` mask (no
+    cancellation, any wraparound); and the mask of the records logically before ``write_pos``.
+  """
+  valid, logical = history_mask(write_pos, cache_base, g_ring.shape[0])
+  g_hist = jnp.where(valid, g_ring, 0.0)
+  later = logical[None, :] > logical[:, None]  # [L, L]: record p' after record p
+  w = jnp.where(valid, jnp.exp(jnp.sum(jnp.where(later, g_hist[None, :], 0.0), axis=1)), 0.0)
+  return jnp.exp(jnp.sum(g_hist)), w, valid
+
+
+def masked(x, valid):
+  """The rows of ``x [L, ...]`` at valid records in fp32, zero elsewhere."""
+  return jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
+
+
+def dot(x, y, precision):
+  """``x @ y`` with fp32 accumulation (``precision``: `backend.mma_algorithm`)."""
+  return jnp.dot(x, y, precision=precision, preferred_element_type=jnp.float32)
+
+
+def dot_nt(x, y, precision):
+  """``x @ y^T``, contracting the last axes, with fp32 accumulation."""
+  return jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), precision=precision,
+                             preferred_element_type=jnp.float32)
+
+
+def store_rows(ref, idx, value, mask):
+  """``ref[idx] = value`` where ``mask``: a masked scatter (all-array indices), cast to the ref."""
+  pltriton.store(ref.at[idx], value.astype(ref.dtype), mask=mask)
+
+
+def scatter_records(ring, slot_ids, phys, records):
+  """``ring[slot, :, phys[b, s]] = records[b, :, s]`` in XLA, dropping padding rows (slot -1)."""
+  slot = jnp.where(slot_ids < 0, ring.shape[0], slot_ids)[:, None, None]
+  heads = jnp.arange(ring.shape[1])[None, :, None]
+  return ring.at[slot, heads, phys[:, None, :]].set(records.astype(ring.dtype), mode="drop")
+
+
+class WindowKeys(NamedTuple):
+  """A row's T-token window at one key head, fp32, ``T_pad`` rows, zero past T."""
+
+  tok: jax.Array  # [T_pad] int32 token index
+  in_window: jax.Array  # [T_pad] bool, tok < T
+  k_raw: jax.Array  # [T_pad, K] activation dtype (rows past T repeat token T - 1)
+  k_hat: jax.Array  # [T_pad, K] l2-normalised k
+  X: jax.Array  # [2 T_pad, K]: [q_hat; k_hat], q_hat scaled
+
+
+class WindowGates(NamedTuple):
+  """A row's T-token window at one value head: gates as recorded, and zero past T."""
+
+  g: jax.Array  # [T_pad] (rows past T repeat token T - 1)
+  beta: jax.Array  # [T_pad]
+  g_win: jax.Array  # [T_pad] g, zero past T
+  beta_win: jax.Array  # [T_pad] beta, zero past T
+
+
+def _window_tokens(T: int):
+  tok = jax.lax.broadcasted_iota(jnp.int32, (next_power_of_two(T),), 0)
+  return tok, jnp.minimum(tok, T - 1)  # rows past T read token T - 1
+
+
+def load_keys(q_ref, k_ref, row, kh, T: int, scale: float) -> WindowKeys:
+  """q_hat and k_hat of ``row``'s window at key head kh, from ``[B, T, H, K]`` refs.
+
+  `reference.l2_normalize` over whole K rows, as every kernel normalises (its sum's order
+  follows the tile's layout: the records can differ from XLA's in the last bit).
+  """
+  tok, src = _window_tokens(T)
+  in_window = tok < T
+  k_raw = k_ref[row, src, kh, :]
+  q_hat = reference.l2_normalize(q_ref[row, src, kh, :].astype(jnp.float32)) * scale
+  k_hat = reference.l2_normalize(k_raw.astype(jnp.float32))
+  q_hat, k_hat = (jnp.where(in_window[:, None], x, 0.0) for x in (q_hat, k_hat))
+  # X = [q_hat; k_hat] (Triton has no row concatenation: stack on a new last axis, move it).
+  X = jnp.transpose(jnp.stack([q_hat, k_hat], axis=-1), (2, 0, 1)).reshape(2 * tok.shape[0], -1)
+  return WindowKeys(tok, in_window, k_raw, k_hat, X)
+
+
+def load_gates(a_ref, b_ref, A_log, dt_bias, row, h, T: int) -> WindowGates:
+  """The gates of ``row``'s window at value head h: elementwise, so bitwise those of the
+  recurrent path (`recurrent.token_inputs`)."""
+  tok, src = _window_tokens(T)
+  g, beta = reference.gdn_gating(a_ref[row, src, h], b_ref[row, src, h], A_log, dt_bias)
+  return WindowGates(g, beta, jnp.where(tok < T, g, 0.0), jnp.where(tok < T, beta, 0.0))
+
+
+def window_solve(g_win, beta_win, kk, T: int):
+  """``(Gamma, decay, Tinv)`` of the window's UT transform, batched over leading axes.
+
+  From ``g_win, beta_win [..., T_pad]`` (zero past T) and ``kk [..., T_pad, T_pad]``:
+  ``Gamma_s = g_0 + ... + g_s``; ``decay[s, j] = exp(Gamma_s - Gamma_j)`` for j <= s, else 0;
+  ``Tinv = (I + A)^-1`` with ``A[s, j] = beta_s decay[s, j] kk[s, j]`` (j < s), by forward
+  substitution unrolled over T: row i = e_i - A[i, :] @ Tinv (rows < i final). Masks and
+  sums only, so the same code runs in a Triton kernel and in XLA.
+  """
+  tok = jax.lax.broadcasted_iota(jnp.int32, (g_win.shape[-1],), 0)
+  causal = tok[:, None] >= tok[None, :]
+  Gamma = jnp.sum(jnp.where(causal, g_win[..., None, :], 0.0), axis=-1)
+  seg = jnp.where(causal, Gamma[..., :, None] - Gamma[..., None, :], 0.0)
+  decay = jnp.where(causal, jnp.exp(seg), 0.0)
+  A = jnp.where(tok[:, None] > tok[None, :], beta_win[..., :, None] * decay * kk, 0.0)
+  Tinv = jnp.where(tok[:, None] == tok[None, :], 1.0, 0.0) + jnp.zeros_like(A)
+  for i in range(1, T):
+    a_i = jnp.sum(jnp.where(tok[:, None] == i, A, 0.0), axis=-2)  # A[i, :]
+    row_i = Tinv - jnp.sum(a_i[..., :, None] * Tinv, axis=-2)[..., None, :]
+    Tinv = jnp.where(tok[:, None] == i, row_i, Tinv)
+  return Gamma, decay, Tinv

@@ -1,0 +1,276 @@
+"""ReplaySSM verify split in two kernels: the window's coefficients, then a checkpoint stream.
+
+The one-kernel forms (`replay_verify`) solve the window in every program of a ``[BV, K]``
+checkpoint tile: the norms, the ``[L, L]`` history weights, the ``[T, T]`` products and the
+forward substitution run V / BV times per (row, head), in the shadow of nothing. All of that
+is independent of the checkpoint S0, and the outputs are linear in what does depend on it. With
+``Y = X S0^T`` (``X = [q_hat; k_hat]``, ``[2T, BV]``, split into ``Y_q, Y_k``), the history
+``D_hist [L, BV]``, ``a = exp(G_m)`` and ``C = (X K_hist^T) * w = [C_q; C_k]`` (`replay_verify`'s
+docstring has the rest of the notation), the UT transform reads
+
+    D = P v + Dy Y_k + Dh D_hist,    P = Tinv diag(beta),  E = Tinv diag(beta exp(Gamma)),
+                                     Dy = -a E,            Dh = -E C_k
+    O = eq * Y_q + Oh D_hist + M D,  eq = a exp(Gamma),    Oh = diag(exp(Gamma)) C_q,
+                                     M = decay * (q_hat k_hat^T)
+
+so the work splits:
+
+1. `_coefficients_kernel`, grid (B, H): per (row, key head) the normalised window and its
+   products with the key history (``X K_hist^T``, ``q_hat k_hat^T``, ``k_hat k_hat^T``), then
+   for each of its value heads the gates, the UT inverse and the small matrices ``[Dh; Oh]``,
+   ``(P, Dy, M)``, ``eq``, into fp32 scratch with ``X`` (about 40 KB per row at the anchor
+   geometry, against 2 MB of checkpoint); it also writes the records that need no checkpoint
+   (k_hat, raw k, g, beta).
+2. `_stream_kernel`, grid (B, HV, V // BV): ``Y = X S0^T`` over a loop of K-chunks, so Triton
+   pipelines the checkpoint loads (``num_stages``) into the tensor-core dots, then the three
+   small products above; it writes the outputs and the d and raw v records.
+
+Same contract as `replay_verify.replay_verify` (the ``"split"`` form): ``ssm`` is only read,
+the window's records go to ``phys(write_pos + s)``, every other ring entry stays bitwise as it
+was, a padding row (slot -1) gets zero outputs and writes nothing. Precision: the K and L
+contractions use ``dot_precision`` (`backend.mma_algorithm`), the window's ``[T, T]``
+products exact fp32, as in the UT form.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from replayssm_jax import reference
+from replayssm_jax.config import next_power_of_two
+from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm
+from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_mask, history_weights,
+                                                load_gates, load_keys, masked, scatter_records,
+                                                store_rows, window_solve)
+
+# Warps of the coefficients kernel: its tiles are tiny, and at 4 warps (221 us at B=256, T=4)
+# it ran 2.3x slower than at 1 (98 us; H200, benchmarks/NOTES.md run 6).
+COEFFICIENT_WARPS = 1
+_P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
+
+
+def _coefficients_kernel(
+    slot_ids_ref, write_pos_ref, cache_base_ref,  # [B] int32
+    q_ref, k_ref,  # [B, T, H, K] activation
+    a_ref, b_ref,  # [B, T, HV] activation
+    A_log_ref, dt_bias_ref,  # [HV] f32
+    ring_k_ref,  # [slots, H, L, K] ring dtype (aliased with ring_k_out_ref)
+    ring_g_ref,  # [slots, HV, L] f32 (aliased)
+    ring_beta_ref, ring_rawk_ref,  # aliased, not read
+    x_ref,  # [B, H, 2 T_pad, K] f32: [q_hat; k_hat]
+    zh_ref,  # [B, HV, 2 T_pad, L] f32: [Dh; Oh]
+    zt_ref,  # [B, HV, 3, T_pad, T_pad] f32: P, Dy, M
+    eq_ref,  # [B, HV, T_pad] f32
+    ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
+    *, T: int, L: int, gqa_ratio: int, scale: float, precision_k, precision_t):
+  """One program per (row, key head): the key-side products once, then each value head."""
+  del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
+  row, kh = pl.program_id(0), pl.program_id(1)
+  slot = slot_ids_ref[row]
+  T_pad = next_power_of_two(T)
+
+  @pl.when(slot >= 0)  # padding rows: the stream kernel reads none of this
+  def _coefficients():
+    write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
+    win = load_keys(q_ref, k_ref, row, kh, T, scale)
+    valid, _ = history_mask(write_pos, cache_base, L)
+    k_hist = masked(ring_k_ref[slot, kh, :, :], valid)
+    XK = dot_nt(win.X, k_hist, precision_k)  # [2 T_pad, L]: (q_hat, k_hat) . k_hist
+    qk, kk = jnp.split(dot_nt(win.X, win.k_hat, precision_t), 2, axis=0)
+    phys = ((cache_base + write_pos + win.tok) & (L - 1))[:, None]  # [T_pad, 1]
+
+    for i in range(gqa_ratio):  # the value heads of this key head
+      h = kh * gqa_ratio + i
+      gates = load_gates(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T)
+      decay_all, w, _ = history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
+      C_q, C_k = jnp.split(XK * w[None, :], 2, axis=0)
+      Gamma, decay, Tinv = window_solve(gates.g_win, gates.beta_win, kk, T)
+      exp_gamma = jnp.exp(Gamma)
+      E = Tinv * (gates.beta_win * exp_gamma)[None, :]
+      zh_ref[row, h, pl.ds(0, T_pad), :] = -dot(E, C_k, precision_t)  # Dh
+      zh_ref[row, h, pl.ds(T_pad, T_pad), :] = exp_gamma[:, None] * C_q  # Oh
+      zt_ref[row, h, _P] = Tinv * gates.beta_win[None, :]
+      zt_ref[row, h, _DY] = -decay_all * E
+      zt_ref[row, h, _M] = decay * qk
+      eq_ref[row, h, :] = decay_all * exp_gamma
+      store_rows(ring_g_out_ref, (slot, h, phys[:, 0]), gates.g, win.in_window)
+      store_rows(ring_beta_out_ref, (slot, h, phys[:, 0]), gates.beta, win.in_window)
+
+    x_ref[row, kh, :, :] = win.X
+    K = k_ref.shape[-1]
+    cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
+    mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
+    store_rows(ring_k_out_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
+    store_rows(ring_rawk_out_ref, (slot, kh, phys, cols_k), win.k_raw, mask_k)
+
+
+def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, ring_rawk,
+                      slot_ids, write_pos, cache_base):
+  """`_coefficients_kernel` as batched XLA ops over all (row, head) at once, dots in fp32.
+
+  Returns ``((x, zh, zt, eq), (ring_k, ring_g, ring_beta, ring_rawk))``, the same scratch
+  (history columns in physical ring order, as the stream kernel reads ``ring_d``) and rings.
+  """
+  B, T, H, K = q.shape
+  HV, L = a.shape[2], ring_g.shape[-1]
+  r, T_pad = HV // H, next_power_of_two(T)
+  hp = jax.lax.Precision.HIGHEST
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, T_pad - T)] + [(0, 0)] * (x.ndim - 2))  # zero rows
+  per_value_head = lambda x: jnp.repeat(x, r, axis=1)  # [B, H, ...] -> [B, HV, ...]
+
+  g, beta = reference.gdn_gating(a, b, A_log, dt_bias)  # [B, T, HV]
+  q_hat = reference.l2_normalize(q.astype(jnp.float32)) * K ** -0.5
+  k_hat = reference.l2_normalize(k.astype(jnp.float32))
+  X = jnp.moveaxis(jnp.concatenate([pad(q_hat), pad(k_hat)], axis=1), 1, 2)  # [B, H, 2T_pad, K]
+  g_win, beta_win = (jnp.moveaxis(pad(x), 1, 2) for x in (g, beta))  # [B, HV, T_pad]
+
+  slot = jnp.maximum(slot_ids, 0)
+  valid, logical = jax.vmap(history_mask, in_axes=(0, 0, None))(write_pos, cache_base, L)
+  g_hist = jnp.where(valid[:, None, :], ring_g[slot], 0.0)  # [B, HV, L]
+  later = (logical[:, None, :] > logical[:, :, None])[:, None]  # [B, 1, L, L]
+  w = jnp.where(valid[:, None, :],
+                jnp.exp(jnp.sum(jnp.where(later, g_hist[:, :, None, :], 0.0), axis=-1)), 0.0)
+  decay_all = jnp.exp(jnp.sum(g_hist, axis=-1))  # [B, HV]
+  k_hist = jnp.where(valid[:, None, :, None], ring_k[slot].astype(jnp.float32), 0.0)
+  C = per_value_head(jnp.einsum("bhsk,bhlk->bhsl", X, k_hist, precision=hp)) * w[:, :, None, :]
+  C_q, C_k = jnp.split(C, 2, axis=2)
+  qk, kk = jnp.split(per_value_head(jnp.einsum("bhsk,bhjk->bhsj", X, X[:, :, T_pad:],
+                                               precision=hp)), 2, axis=2)
+  Gamma, decay, Tinv = window_solve(g_win, beta_win, kk, T)
+  exp_gamma = jnp.exp(Gamma)
+  E = Tinv * (beta_win * exp_gamma)[..., None, :]
+  Dh = -jnp.einsum("bhst,bhtl->bhsl", E, C_k, precision=hp)
+  zh = jnp.concatenate([Dh, exp_gamma[..., None] * C_q], axis=2)
+  zt = jnp.stack([Tinv * beta_win[..., None, :], -decay_all[..., None, None] * E, decay * qk],
+                 axis=2)
+  eq = decay_all[..., None] * exp_gamma
+  # The rings are written after every history read, so XLA updates the donated rings in
+  # place instead of copying them first.
+  scratch, (ring_k, ring_g, ring_beta, ring_rawk) = jax.lax.optimization_barrier(
+      ((X, zh, zt, eq), (ring_k, ring_g, ring_beta, ring_rawk)))
+  phys = (cache_base[:, None] + write_pos[:, None] + jnp.arange(T)[None, :]) & (L - 1)
+  rings = (scatter_records(ring_k, slot_ids, phys, jnp.moveaxis(k_hat, 1, 2)),
+           scatter_records(ring_g, slot_ids, phys, jnp.moveaxis(g, 1, 2)),
+           scatter_records(ring_beta, slot_ids, phys, jnp.moveaxis(beta, 1, 2)),
+           scatter_records(ring_rawk, slot_ids, phys, jnp.moveaxis(k, 1, 2)))
+  return scratch, rings
+
+
+def _stream_kernel(
+    slot_ids_ref, write_pos_ref, cache_base_ref,  # [B] int32
+    v_ref,  # [B, T, HV, V] activation
+    ssm_ref,  # [slots, HV, V, K] f32, read only
+    x_ref, zh_ref, zt_ref, eq_ref,  # the coefficients kernel's scratch
+    ring_d_ref,  # [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref)
+    ring_rawv_ref,  # [slots, HV, L, V] activation (aliased; not read)
+    o_ref,  # [B, T, HV, V] activation
+    ring_d_out_ref, ring_rawv_out_ref,
+    *, T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
+    precision_t):
+  del ring_rawv_ref  # written only, through the aliased output
+  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  slot = slot_ids_ref[row]
+  kh = h // gqa_ratio
+  vs = pl.ds(j * block_v, block_v)
+  K = ssm_ref.shape[-1]
+  T_pad = next_power_of_two(T)
+  tok = jax.lax.broadcasted_iota(jnp.int32, (T_pad,), 0)
+  rows_v = (tok[:, None], j * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1))
+  mask_v = jnp.broadcast_to((tok < T)[:, None], (T_pad, block_v))
+
+  @pl.when(slot < 0)
+  def _padding():
+    store_rows(o_ref, (row, rows_v[0], h, rows_v[1]), jnp.zeros((T_pad, block_v)), mask_v)
+
+  @pl.when(slot >= 0)
+  def _stream():
+    write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
+
+    def chunk(c, Y):  # Y += X[:, chunk] S0[:, chunk]^T: a loop Triton software-pipelines
+      ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
+      return Y + dot_nt(x_ref[row, kh, :, ks], ssm_ref[slot, h, vs, ks], precision_k)
+
+    Y = jax.lax.fori_loop(0, K // k_chunk, chunk, jnp.zeros((2 * T_pad, block_v), jnp.float32))
+    Y_q, Y_k = jnp.split(Y, 2, axis=0)
+    valid, _ = history_mask(write_pos, cache_base, L)
+    d_hist = masked(ring_d_ref[slot, h, :, vs], valid)  # [L, BV]
+    H_d, H_o = jnp.split(dot(zh_ref[row, h], d_hist, precision_l), 2, axis=0)
+    v_raw = v_ref[row, jnp.minimum(tok, T - 1), h, vs]  # [T_pad, BV], rows past T repeat
+    v = jnp.where((tok < T)[:, None], v_raw.astype(jnp.float32), 0.0)
+
+    D = (dot(zt_ref[row, h, _P], v, precision_t) + dot(zt_ref[row, h, _DY], Y_k, precision_t)
+         + H_d)
+    O = eq_ref[row, h, :][:, None] * Y_q + H_o + dot(zt_ref[row, h, _M], D, precision_t)
+
+    phys = ((cache_base + write_pos + tok) & (L - 1))[:, None]  # [T_pad, 1]
+    store_rows(o_ref, (row, rows_v[0], h, rows_v[1]), O, mask_v)
+    store_rows(ring_d_out_ref, (slot, h, phys, rows_v[1]), D, mask_v)
+    store_rows(ring_rawv_out_ref, (slot, h, phys, rows_v[1]), v_raw, mask_v)
+
+
+COEFFICIENTS = ("pallas", "xla")
+
+
+@functools.partial(jax.jit, static_argnames=("tuning", "dot_precision", "interpret",
+                                             "coefficients", "coefficient_warps"))
+def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                        q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
+                        tuning: KernelTuning, dot_precision: str, interpret: bool,
+                        coefficients: str = "pallas", coefficient_warps: int = COEFFICIENT_WARPS):
+  """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
+
+  ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
+  steps ``tuning.k_chunk`` columns. ``coefficients``: ``"pallas"``, the kernel, one program
+  of ``coefficient_warps`` per (row, key head), or ``"xla"``, batched XLA ops
+  (`_coefficients_xla`).
+  Inputs are checked by the caller.
+  """
+  B, T, H, K = q.shape
+  HV, V, L = v.shape[2], v.shape[3], ring_g.shape[-1]
+  T_pad, f32 = next_power_of_two(T), jnp.float32
+  kc = min(tuning.k_chunk, K)
+  common = dict(T=T, L=L, gqa_ratio=HV // H,
+                precision_k=mma_algorithm(dot_precision, K, interpret=interpret),
+                precision_t=mma_algorithm("ieee", T, interpret=interpret))
+
+  key_rings = (ring_k, ring_g, ring_beta, ring_rawk)
+  if coefficients == "xla":
+    scratch, (ring_k, ring_g, ring_beta, ring_rawk) = _coefficients_xla(
+        q, k, a, b, A_log, dt_bias, *key_rings, slot_ids, write_pos, cache_base)
+  else:
+    scratch = (jax.ShapeDtypeStruct((B, H, 2 * T_pad, K), f32),
+               jax.ShapeDtypeStruct((B, HV, 2 * T_pad, L), f32),
+               jax.ShapeDtypeStruct((B, HV, 3, T_pad, T_pad), f32),
+               jax.ShapeDtypeStruct((B, HV, T_pad), f32))
+    inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
+    *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
+        functools.partial(_coefficients_kernel, scale=K ** -0.5, **common),
+        out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
+        grid=(B, H),
+        input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
+        interpret=interpret,
+        compiler_params=KernelTuning(num_warps=coefficient_warps,
+                                     num_stages=1).compiler_params(),
+        name=f"replay_coefficients_T{T}",
+    )(*inputs)
+
+  inputs = (slot_ids, write_pos, cache_base, v, ssm, *scratch, ring_d, ring_rawv)
+  o, ring_d, ring_rawv = pl.pallas_call(
+      functools.partial(_stream_kernel, block_v=tuning.block_v, k_chunk=kc,
+                        precision_l=mma_algorithm(dot_precision, L, interpret=interpret),
+                        **{**common, "precision_k": mma_algorithm(dot_precision, kc,
+                                                                  interpret=interpret)}),
+      out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype),
+                 jax.ShapeDtypeStruct(ring_d.shape, ring_d.dtype),
+                 jax.ShapeDtypeStruct(ring_rawv.shape, ring_rawv.dtype)),
+      grid=(B, HV, V // tuning.block_v),
+      input_output_aliases={len(inputs) - 2: 1, len(inputs) - 1: 2},
+      interpret=interpret,
+      compiler_params=tuning.compiler_params(),
+      name=f"replay_stream_T{T}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}",
+  )(*inputs)
+  return o, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv
