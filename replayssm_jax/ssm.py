@@ -140,19 +140,19 @@ def default_state_tuning(spec: SpecConfig, V: int) -> KernelTuning:
   return KernelTuning.state_default(V)
 
 
-def default_replay_tuning(spec: SpecConfig, V: int, T: int) -> KernelTuning:
-  """The measured launch of ``spec.backend``'s replay verify for a T-token window."""
+def default_replay_tuning(spec: SpecConfig, V: int, T: int, B: int) -> KernelTuning:
+  """The measured launch of ``spec.backend``'s replay verify for B rows of T tokens."""
   if spec.backend == "triton":
     return _triton_kernels().replay_tuning(V, T)
-  return KernelTuning.replay_default(V, T)
+  return KernelTuning.replay_default(V, T, B)
 
 
 def _tuning(cache, tuning: KernelTuning | None, spec: SpecConfig) -> KernelTuning:
   return tuning or default_state_tuning(spec, cache.ssm.shape[2])
 
 
-def _replay_tuning(cache, T: int, tuning: KernelTuning | None, spec: SpecConfig) -> KernelTuning:
-  return tuning or default_replay_tuning(spec, cache.ssm.shape[2], T)
+def _replay_tuning(cache, q, tuning: KernelTuning | None, spec: SpecConfig) -> KernelTuning:
+  return tuning or default_replay_tuning(spec, cache.ssm.shape[2], q.shape[1], q.shape[0])
 
 
 def _kernel(spec: SpecConfig, pallas_fn, reference_fn):
@@ -231,7 +231,7 @@ def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, 
                    replay_tuning):
   """Fold flush rows, then the replay verify of the window; the window's records go into the ring."""
   cache, write_pos, cache_base = _fold_flush_rows(cache, slot_ids, spec, tuning)
-  tuning = _replay_tuning(cache, q.shape[1], replay_tuning, spec)
+  tuning = _replay_tuning(cache, q, replay_tuning, spec)
   verify = _kernel(spec, replay_kernels.replay_verify, replay_kernels.replay_verify_reference)
   o, *rings = verify(cache.ssm, cache.ring_d, cache.ring_k, cache.ring_g, cache.ring_beta,
                      cache.ring_rawk, cache.ring_rawv, q, k, v, a, b, A_log, dt_bias, slot_ids,

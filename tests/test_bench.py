@@ -52,7 +52,7 @@ def test_kernels_for_names_each_backend():
   pallas = kernels.kernels_for("pallas")
   assert pallas.backend == "pallas"
   assert pallas.state_tuning(128) == kernels.KernelTuning.state_default(128)
-  assert pallas.replay_tuning(128, 4) == kernels.KernelTuning.replay_default(128, 4)
+  assert pallas.replay_tuning(128, 4, 256) == kernels.KernelTuning.replay_default(128, 4, 256)
   with pytest.raises(ValueError, match="backend='cuda' is not benchmarked; use one of"):
     kernels.kernels_for("cuda")
 

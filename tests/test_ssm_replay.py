@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import TOLERANCE, rel_err
 from replayssm_jax import GDNConfig, SpecConfig, ssm
-from replayssm_jax.kernels.backend import interpret_mode
+from replayssm_jax.kernels.backend import SPLIT_MIN_BATCH, interpret_mode, replay_form
 
 GDN = GDNConfig(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, hidden_size=32,
                 num_layers=1, num_gdn_layers=1)
@@ -159,6 +159,27 @@ def test_decode_verify_interleaved(T, L, backend):
     _run_schedule(T, L, backend, schedule, interleave=True)
 
   run()
+
+
+@pytest.mark.parametrize("T,L,decode_share", [(4, 16, 0.3), (2, 4, 0.3), (1, 2, 1.0)])
+def test_wide_batches_split_form(T, L, decode_share, backend):
+  """Wide batches run the Pallas replay verify's split form (`replay_form`): the same
+  invariants through mixed decode/verify steps, most rows padding (fewer slots than rows)."""
+  B = SPLIT_MIN_BATCH["decode" if decode_share == 1.0 else "window"]
+  assert replay_form(T, B) == "split"
+  rng = np.random.default_rng(T)
+  pair = Pair.create(T, L, backend, rng)
+  pair.reset(list(range(SLOTS)), rng)
+  for _ in range(40 if decode_share < 1 else 12):
+    chosen = rng.permutation(SLOTS)[:rng.integers(1, SLOTS + 1)]
+    slots = np.full(B, -1)
+    slots[rng.permutation(B)[:len(chosen)]] = chosen
+    if rng.random() < 0.1:
+      pair.reset([int(s) for s in chosen], rng)
+    decode = rng.random() < decode_share
+    pair.step(slots.tolist(), rng.integers(0, T + 1, B).tolist(),
+              pair.window(rng, B, 1 if decode else T), decode=decode)
+  assert pair.folds_checked > 0
 
 
 def test_decode_only_4000_tokens_no_drift():

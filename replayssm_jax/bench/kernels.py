@@ -60,7 +60,7 @@ class Kernels:
   fold: Callable
   replay_verify: Callable
   state_tuning: Callable[[int], KernelTuning]  # V -> the recurrent kernels' and fold's tuning
-  replay_tuning: Callable[[int, int], KernelTuning]  # V, T -> the replay verify's tuning
+  replay_tuning: Callable[[int, int, int], KernelTuning]  # V, T, B -> the replay verify's
 
 
 def kernels_for(backend: str) -> Kernels:
@@ -214,7 +214,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   def replay_only(c):
     _, *out = kern.replay_verify(
         c.ssm, *(getattr(c, n) for n in rings), *_window(x), slot_ids, c.write_pos, c.cache_base,
-        tuning=kern.replay_tuning(gdn.head_v_dim, T), dot_precision=spec.dot_precision)
+        tuning=kern.replay_tuning(gdn.head_v_dim, T, B), dot_precision=spec.dot_precision)
     return dataclasses.replace(c, **dict(zip(rings, out)))
 
   t, cache = time_calls(jax.jit(replay_only, donate_argnums=0), cache, reps=reps)

@@ -68,7 +68,7 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas"):
   kern = bench.kernels_for(backend)
   variants = [(form, tuning, {}) for form, tuning in CANDIDATES[backend][0]]
   if backend == "pallas":
-    variants += [("split", kern.replay_tuning(gdn.head_v_dim, T), dict(coefficient_warps=w))
+    variants += [("split", kern.replay_tuning(gdn.head_v_dim, T, B), dict(coefficient_warps=w))
                  for w in COEFFICIENT_WARPS]
   for form, tuning, extra in variants:
     if tuning.block_v > gdn.head_v_dim or (backend == "triton" and (form == "vec") != (T == 1)):
@@ -123,7 +123,7 @@ def sweep_state(gdn, B, reps, n_fold=12, backend="pallas"):  # 12 records: the a
     cache = dataclasses.replace(cache, ssm=S0 + 0)
     _, *rings = kern.replay_verify(
         cache.ssm, *(getattr(cache, n) for n in RINGS), *_window(x12), slot_ids, cache.write_pos,
-        cache.cache_base, tuning=kern.replay_tuning(gdn.head_v_dim, n_fold),
+        cache.cache_base, tuning=kern.replay_tuning(gdn.head_v_dim, n_fold, B),
         dot_precision="default")
     rings = dict(zip(RINGS, rings))
     count = jnp.full((B,), n_fold, jnp.int32)

@@ -28,6 +28,23 @@ def interpret_mode() -> bool:
   return jax.default_backend() not in GPU_PLATFORMS
 
 
+# Rows from which the split form wins: a window (T >= 2), and decode (T = 1).
+SPLIT_MIN_BATCH = {"window": 16, "decode": 64}
+
+
+def replay_form(T: int, B: int) -> str:
+  """The faster Pallas replay verify form for B rows of T tokens (H200, NOTES.md run 6).
+
+  The split form once its second launch pays: for a window from B = 16 (T=4: 25.0 against
+  the UT form's 33.0 us at B=16, 216 against 395 at B=256), for decode from B = 64 (T=1: 54.6
+  against the vector form's 58.9 us at B=64, 175 against 194 at B=256, but 22.4 against 21.2
+  at B=16). Below, the one-kernel forms: UT for a window, vector for decode.
+  """
+  if T == 1:
+    return "split" if B >= SPLIT_MIN_BATCH["decode"] else "vec"
+  return "split" if B >= SPLIT_MIN_BATCH["window"] else "ut"
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class KernelTuning:
   """Launch parameters of the state-tile kernels.
@@ -60,16 +77,20 @@ class KernelTuning:
     return cls(block_v=min(32, V), num_warps=2, k_chunk=32)
 
   @classmethod
-  def replay_default(cls, V: int, T: int) -> KernelTuning:
-    """Launch parameters of the replay verify's checkpoint stream (split form, any T).
+  def replay_default(cls, V: int, T: int, B: int = 256) -> KernelTuning:
+    """Launch parameters of the Pallas replay verify in its form for (T, B) (`replay_form`).
 
-    H200, B=256, HV=32, K=V=128, L=16, bf16, write_pos 8 (benchmarks/NOTES.md run 6):
-    [128, K] tiles over 4 warps, streamed in K-steps of 64 through 2 pipeline stages, ran
-    T=4 in 251 us and T=1 in 182 us; every launch swept was within 10% except the unpipelined
-    one (one K-step of 128: 340 us at T=4).
+    H200, HV=32, K=V=128, L=16, bf16, write_pos 8 (benchmarks/NOTES.md runs 4-6): the split
+    form's checkpoint stream at [128, K] tiles over 4 warps, K-steps of 64 through 2 pipeline
+    stages (B=256: T=4 in 216 us, T=1 in 175 us; every launch swept within 10% but the
+    unpipelined one); the UT form at (64, 2); the vector form at (64, 4, K-chunks of 32).
     """
-    del T
-    return cls(block_v=min(128, V), num_warps=4, k_chunk=64, num_stages=2)
+    form = replay_form(T, B)
+    if form == "split":
+      return cls(block_v=min(128, V), num_warps=4, k_chunk=64, num_stages=2)
+    if form == "vec":
+      return cls(block_v=min(64, V), num_warps=4, k_chunk=32)
+    return cls(block_v=min(64, V), num_warps=2)
 
   def check(self, V: int, K: int | None = None) -> None:
     """Raise `ValueError` unless ``block_v`` tiles ``V`` (and ``k_chunk`` tiles ``K``) in

@@ -47,8 +47,8 @@ from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_mask, histo
                                                 load_gates, load_keys, masked, scatter_records,
                                                 store_rows, window_solve)
 
-# Warps of the coefficients kernel: its tiles are tiny, and at 4 warps (221 us at B=256, T=4)
-# it ran 2.3x slower than at 1 (98 us; H200, benchmarks/NOTES.md run 6).
+# Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
+# at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
 COEFFICIENT_WARPS = 1
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 

@@ -22,11 +22,14 @@ which equals stepping `reference.delta_rule_step` from S_hist through the window
 other ring entry is left bitwise untouched, and ``ssm`` is only read. A row with
 ``slot_ids[b] < 0`` is padding: zero output, no write.
 
-Kernel layout: grid (B, HV, V // BV), one program per ``[BV, K]`` checkpoint tile, whole-array
-refs indexed by the row's slot (as `recurrent.py`), no loop: every load is issued up front.
-Two forms of the same math (`replay_form` picks by T): ``"ut"``, below, holds the window as
-``[T, K]`` tiles and uses tensor-core dots (T >= 2); ``"vec"`` (`_replay_verify_vec_kernel`)
-holds T separate vectors and the checkpoint as K-chunks (`tile`), with no dots (decode, T = 1).
+Forms of the same math (`backend.replay_form` picks by T and B): from B = 16 the ``"split"``
+form (`replay_split`: the window's coefficients once per (row, key head), then a pipelined
+stream of the checkpoint; ``"split-xla"`` computes the coefficients in XLA), and below it
+the one-kernel forms here, grid (B, HV, V // BV), one program per ``[BV, K]`` checkpoint tile,
+whole-array refs indexed by the row's slot (as `recurrent.py`), no loop: ``"ut"``, below,
+holds the window as ``[T, K]`` tiles and uses tensor-core dots (T >= 2); ``"vec"``
+(`_replay_verify_vec_kernel`) holds T separate vectors and the checkpoint as K-chunks
+(`tile`), with no dots (decode, T = 1).
 
 - T need not be a power of two, but every Triton tensor must be (jax-ecosystem.md section
   1.5). The window is held as ``T_pad = next_power_of_2(T)`` rows, gathered with the token
@@ -57,7 +60,7 @@ from jax.experimental import pallas as pl
 from replayssm_jax import reference
 from replayssm_jax.config import DOT_PRECISIONS, next_power_of_two
 from replayssm_jax.kernels import replay_split, tile
-from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm
+from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, replay_form
 from replayssm_jax.kernels.recurrent import token_inputs
 from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_weights, load_gates,
                                                 load_keys, masked, scatter_records, store_rows,
@@ -70,16 +73,6 @@ RING_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 # (H200: T=8 ran in 546 us at B=256, T=16 in 8.6 ms, spilling).
 MAX_DRAFT_TOKENS = 16
 FORMS = ("ut", "vec", "split", "split-xla")
-
-
-def replay_form(T: int) -> str:
-  """The faster form for a T-token window on the H200 (benchmarks/NOTES.md, B=256).
-
-  The split form: 251 us at T=4 against the UT form's 398, 182 us at T=1 (decode) against
-  the vector form's 194 (run 6).
-  """
-  del T
-  return "split"
 
 
 def _replay_verify_kernel(
@@ -344,7 +337,7 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
       transform, ``"vec"``, T separate vectors by multiply-reduce (no dots), or ``"split"``,
       the window's coefficients once per (row, head) and then a pipelined stream of the
       checkpoint (`replay_split`), or ``"split-xla"``, the same with the coefficients as
-      batched XLA ops; None picks `replay_form` of T.
+      batched XLA ops; None picks `backend.replay_form` of (T, B).
 
   Returns:
     ``(o, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``, ``o [B, T, HV, V]`` in
@@ -362,7 +355,7 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   if q.shape[1] > MAX_DRAFT_TOKENS:
     raise ValueError(f"T={q.shape[1]} draft tokens exceed the Pallas replay verify's "
                      f"{MAX_DRAFT_TOKENS}; use the xla backend.")
-  form = form or replay_form(q.shape[1])
+  form = form or replay_form(q.shape[1], q.shape[0])
   if form not in FORMS:
     raise ValueError(f"form={form!r} is unknown; use one of {FORMS}.")
   if form.startswith("split"):
