@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
@@ -69,6 +70,37 @@ def scatter_records(ring, slot_ids, phys, records):
   slot = jnp.where(slot_ids < 0, ring.shape[0], slot_ids)[:, None, None]
   heads = jnp.arange(ring.shape[1])[None, :, None]
   return ring.at[slot, heads, phys[:, None, :]].set(records.astype(ring.dtype), mode="drop")
+
+
+class TileProgram(NamedTuple):
+  """A program of the grid (B, HV, V // BV): its row, heads, V-block and window output rows."""
+
+  row: jax.Array
+  h: jax.Array  # value head
+  j: jax.Array  # V-block
+  kh: jax.Array  # its key head
+  slot: jax.Array  # the row's slot, -1 for a padding row
+  vs: pl.Slice  # the V-block
+  tok: jax.Array  # [T_pad] token index
+  rows_v: tuple  # indices of the [T_pad, BV] window rows (tokens, V columns)
+  mask_v: jax.Array  # [T_pad, BV]: the rows inside the window
+
+
+def tile_program(slot_ids_ref, o_ref, *, T: int, gqa_ratio: int, block_v: int) -> TileProgram:
+  """The program's coordinates; a padding row gets its zero outputs here (and nothing else)."""
+  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  slot = slot_ids_ref[row]
+  T_pad = next_power_of_two(T)
+  tok = jax.lax.broadcasted_iota(jnp.int32, (T_pad,), 0)
+  rows_v = (tok[:, None], j * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1))
+  mask_v = jnp.broadcast_to((tok < T)[:, None], (T_pad, block_v))
+
+  @pl.when(slot < 0)
+  def _padding():
+    store_rows(o_ref, (row, rows_v[0], h, rows_v[1]), jnp.zeros((T_pad, block_v)), mask_v)
+
+  return TileProgram(row, h, j, h // gqa_ratio, slot, pl.ds(j * block_v, block_v), tok, rows_v,
+                     mask_v)
 
 
 class WindowKeys(NamedTuple):

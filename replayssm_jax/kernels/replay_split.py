@@ -45,7 +45,7 @@ from replayssm_jax.config import next_power_of_two
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm
 from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_mask, history_weights,
                                                 load_gates, load_keys, masked, scatter_records,
-                                                store_rows, window_solve)
+                                                store_rows, tile_program, window_solve)
 
 # Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
@@ -172,19 +172,10 @@ def _stream_kernel(
     *, T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
     precision_t):
   del ring_rawv_ref  # written only, through the aliased output
-  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  slot = slot_ids_ref[row]
-  kh = h // gqa_ratio
-  vs = pl.ds(j * block_v, block_v)
+  p = tile_program(slot_ids_ref, o_ref, T=T, gqa_ratio=gqa_ratio, block_v=block_v)
+  row, h, kh, slot, vs, tok = p.row, p.h, p.kh, p.slot, p.vs, p.tok
   K = ssm_ref.shape[-1]
-  T_pad = next_power_of_two(T)
-  tok = jax.lax.broadcasted_iota(jnp.int32, (T_pad,), 0)
-  rows_v = (tok[:, None], j * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1))
-  mask_v = jnp.broadcast_to((tok < T)[:, None], (T_pad, block_v))
-
-  @pl.when(slot < 0)
-  def _padding():
-    store_rows(o_ref, (row, rows_v[0], h, rows_v[1]), jnp.zeros((T_pad, block_v)), mask_v)
+  T_pad = tok.shape[0]
 
   @pl.when(slot >= 0)
   def _stream():
@@ -207,9 +198,9 @@ def _stream_kernel(
     O = eq_ref[row, h, :][:, None] * Y_q + H_o + dot(zt_ref[row, h, _M], D, precision_t)
 
     phys = ((cache_base + write_pos + tok) & (L - 1))[:, None]  # [T_pad, 1]
-    store_rows(o_ref, (row, rows_v[0], h, rows_v[1]), O, mask_v)
-    store_rows(ring_d_out_ref, (slot, h, phys, rows_v[1]), D, mask_v)
-    store_rows(ring_rawv_out_ref, (slot, h, phys, rows_v[1]), v_raw, mask_v)
+    store_rows(o_ref, (row, p.rows_v[0], h, p.rows_v[1]), O, p.mask_v)
+    store_rows(ring_d_out_ref, (slot, h, phys, p.rows_v[1]), D, p.mask_v)
+    store_rows(ring_rawv_out_ref, (slot, h, phys, p.rows_v[1]), v_raw, p.mask_v)
 
 
 COEFFICIENTS = ("pallas", "xla")

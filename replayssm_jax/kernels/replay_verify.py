@@ -64,7 +64,7 @@ from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, replay_fo
 from replayssm_jax.kernels.recurrent import token_inputs
 from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_weights, load_gates,
                                                 load_keys, masked, scatter_records, store_rows,
-                                                window_solve)
+                                                tile_program, window_solve)
 from replayssm_jax.state import ReplayCache, logical_order
 
 RING_NAMES = ReplayCache.RINGS
@@ -115,19 +115,10 @@ def _replay_verify_kernel(
 ):
   del ring_beta_ref, ring_rawk_ref, ring_rawv_ref  # written only, through the aliased outputs
   del k_chunk  # the window products are dots over whole [*, K] tiles
-  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  slot = slot_ids_ref[row]
-  kh = h // gqa_ratio
-  vs = pl.ds(j * block_v, block_v)
+  p = tile_program(slot_ids_ref, o_ref, T=T, gqa_ratio=gqa_ratio, block_v=block_v)
+  row, h, j, kh, slot, vs, tok = p.row, p.h, p.j, p.kh, p.slot, p.vs, p.tok
   K = q_ref.shape[-1]
-  T_pad = next_power_of_two(T)
-  tok = jax.lax.broadcasted_iota(jnp.int32, (T_pad,), 0)
-  rows_v = (tok[:, None], j * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1))
-  mask_v = jnp.broadcast_to((tok < T)[:, None], (T_pad, block_v))
-
-  @pl.when(slot < 0)
-  def _padding():
-    store_rows(o_ref, (row, rows_v[0], h, rows_v[1]), jnp.zeros((T_pad, block_v)), mask_v)
+  T_pad = tok.shape[0]
 
   @pl.when(slot >= 0)
   def _verify():
@@ -161,9 +152,9 @@ def _replay_verify_kernel(
     phys = ((cache_base + write_pos + tok) & (L - 1))[:, None]  # [T_pad, 1]
     cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
     mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
-    store_rows(o_ref, (row, rows_v[0], h, rows_v[1]), O, mask_v)
-    store_rows(ring_d_out_ref, (slot, h, phys, rows_v[1]), D, mask_v)
-    store_rows(ring_rawv_out_ref, (slot, h, phys, rows_v[1]), v_raw, mask_v)
+    store_rows(o_ref, (row, p.rows_v[0], h, p.rows_v[1]), O, p.mask_v)
+    store_rows(ring_d_out_ref, (slot, h, phys, p.rows_v[1]), D, p.mask_v)
+    store_rows(ring_rawv_out_ref, (slot, h, phys, p.rows_v[1]), v_raw, p.mask_v)
 
     @pl.when(j == 0)  # one writer per value head for g and beta
     def _():
