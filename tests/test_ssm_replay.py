@@ -163,8 +163,9 @@ def test_decode_verify_interleaved(T, L, backend):
 
 @pytest.mark.parametrize("T,L,decode_share", [(4, 16, 0.3), (2, 4, 0.3), (1, 2, 1.0)])
 def test_wide_batches_split_form(T, L, decode_share, backend):
-  """Wide batches run the Pallas replay verify's split form (`replay_form`): the same
-  invariants through mixed decode/verify steps, most rows padding (fewer slots than rows)."""
+  """Wide batches run the Pallas replay verify's split form (`replay_form`: windows from 16
+  rows, decode from 64): the same invariants through mixed decode/verify steps, most rows
+  padding (fewer slots than rows)."""
   B = SPLIT_MIN_BATCH["decode" if decode_share == 1.0 else "window"]
   assert replay_form(T, B) == "split"
   rng = np.random.default_rng(T)

@@ -18,9 +18,9 @@ so the work splits:
 1. `_coefficients_kernel`, grid (B, H): per (row, key head) the normalised window and its
    products with the key history (``X K_hist^T``, ``q_hat k_hat^T``, ``k_hat k_hat^T``), then
    for each of its value heads the gates, the UT inverse and the small matrices ``[Dh; Oh]``,
-   ``(P, Dy, M)``, ``eq``, into fp32 scratch with ``X`` (about 40 KB per row at the anchor
-   geometry, against 2 MB of checkpoint); it also writes the records that need no checkpoint
-   (k_hat, raw k, g, beta).
+   ``(P, Dy, M)``, ``eq``, into fp32 scratch with ``X`` (about 90 KB per row at the anchor
+   geometry, written once and read once, against 2 MB of checkpoint); it also writes the
+   records that need no checkpoint (k_hat, raw k, g, beta).
 2. `_stream_kernel`, grid (B, HV, V // BV): ``Y = X S0^T`` over a loop of K-chunks, so Triton
    pipelines the checkpoint loads (``num_stages``) into the tensor-core dots, then the three
    small products above; it writes the outputs and the d and raw v records.
@@ -220,13 +220,14 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
+  if coefficients not in COEFFICIENTS:
+    raise ValueError(f"coefficients={coefficients!r} is unknown; use one of {COEFFICIENTS}.")
   B, T, H, K = q.shape
   HV, V, L = v.shape[2], v.shape[3], ring_g.shape[-1]
   T_pad, f32 = next_power_of_two(T), jnp.float32
   kc = min(tuning.k_chunk, K)
-  common = dict(T=T, L=L, gqa_ratio=HV // H,
-                precision_k=mma_algorithm(dot_precision, K, interpret=interpret),
-                precision_t=mma_algorithm("ieee", T, interpret=interpret))
+  mma = functools.partial(mma_algorithm, interpret=interpret)
+  common = dict(T=T, L=L, gqa_ratio=HV // H, precision_t=mma("ieee", T))
 
   key_rings = (ring_k, ring_g, ring_beta, ring_rawk)
   if coefficients == "xla":
@@ -239,7 +240,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                jax.ShapeDtypeStruct((B, HV, T_pad), f32))
     inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
     *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
-        functools.partial(_coefficients_kernel, scale=K ** -0.5, **common),
+        functools.partial(_coefficients_kernel, scale=K ** -0.5,
+                          precision_k=mma(dot_precision, K), **common),
         out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
         grid=(B, H),
         input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
@@ -252,9 +254,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   inputs = (slot_ids, write_pos, cache_base, v, ssm, *scratch, ring_d, ring_rawv)
   o, ring_d, ring_rawv = pl.pallas_call(
       functools.partial(_stream_kernel, block_v=tuning.block_v, k_chunk=kc,
-                        precision_l=mma_algorithm(dot_precision, L, interpret=interpret),
-                        **{**common, "precision_k": mma_algorithm(dot_precision, kc,
-                                                                  interpret=interpret)}),
+                        precision_k=mma(dot_precision, kc), precision_l=mma(dot_precision, L),
+                        **common),
       out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype),
                  jax.ShapeDtypeStruct(ring_d.shape, ring_d.dtype),
                  jax.ShapeDtypeStruct(ring_rawv.shape, ring_rawv.dtype)),
