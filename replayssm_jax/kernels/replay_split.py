@@ -129,13 +129,9 @@ def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, rin
   g_win, beta_win = (jnp.moveaxis(pad(x), 1, 2) for x in (g, beta))  # [B, HV, T_pad]
 
   slot = jnp.maximum(slot_ids, 0)
-  valid, logical = jax.vmap(history_mask, in_axes=(0, 0, None))(write_pos, cache_base, L)
-  g_hist = jnp.where(valid[:, None, :], ring_g[slot], 0.0)  # [B, HV, L]
-  later = (logical[:, None, :] > logical[:, :, None])[:, None]  # [B, 1, L, L]
-  w = jnp.where(valid[:, None, :],
-                jnp.exp(jnp.sum(jnp.where(later, g_hist[:, :, None, :], 0.0), axis=-1)), 0.0)
-  decay_all = jnp.exp(jnp.sum(g_hist, axis=-1))  # [B, HV]
-  k_hist = jnp.where(valid[:, None, :, None], ring_k[slot].astype(jnp.float32), 0.0)
+  per_head = jax.vmap(history_weights, in_axes=(None, None, 0))  # over the value heads
+  decay_all, w, valid = jax.vmap(per_head)(write_pos, cache_base, ring_g[slot])  # [B, HV, ...]
+  k_hist = jnp.where(valid[:, :1, :, None], ring_k[slot].astype(jnp.float32), 0.0)
   C = per_value_head(jnp.einsum("bhsk,bhlk->bhsl", X, k_hist, precision=hp)) * w[:, :, None, :]
   C_q, C_k = jnp.split(C, 2, axis=2)
   qk, kk = jnp.split(per_value_head(jnp.einsum("bhsk,bhjk->bhsj", X, X[:, :, T_pad:],
