@@ -213,30 +213,35 @@ def reset(cache: SSMCache, slot_ids: jax.Array, initial_state: jax.Array, spec: 
 
 
 def _fold_flush_rows(cache: ReplayCache, slot_ids, spec: SpecConfig, tuning: KernelTuning):
-  """Fold the rows marked ``is_flush`` and retire their history; returns (cache, write_pos, cache_base)."""
+  """Fold the rows marked ``is_flush`` and retire their history.
+
+  Returns ``(cache, cursors)``: the cache with the folded checkpoint, and each row's
+  ``(write_pos, cache_base, is_flush)`` after the fold, which the caller scatters to the slots
+  (once per step, with whatever else the step moves)."""
   write_pos, cache_base, is_flush = _row_cursors(cache, slot_ids)
   flush = is_flush & (slot_ids >= 0)
   fold = _kernel(spec, fold_kernels.fold, fold_kernels.fold_reference)
   ssm = fold(cache.ssm, cache.ring_rawk, cache.ring_rawv, cache.ring_g, cache.ring_beta,
              slot_ids, jnp.where(flush, write_pos, 0), cache_base, tuning=tuning)
   L = cache.ring_len
-  cache_base = jnp.where(flush, (cache_base + write_pos) & (L - 1), cache_base)
-  write_pos = jnp.where(flush, 0, write_pos)
-  cache = _set_cursors(dataclasses.replace(cache, ssm=ssm), slot_ids, write_pos, cache_base,
-                       jnp.where(flush, False, is_flush))
-  return cache, write_pos, cache_base
+  cursors = (jnp.where(flush, 0, write_pos),
+             jnp.where(flush, (cache_base + write_pos) & (L - 1), cache_base),
+             jnp.where(flush, False, is_flush))
+  return dataclasses.replace(cache, ssm=ssm), cursors
 
 
 def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,
                    replay_tuning):
-  """Fold flush rows, then the replay verify of the window; the window's records go into the ring."""
-  cache, write_pos, cache_base = _fold_flush_rows(cache, slot_ids, spec, tuning)
+  """Fold flush rows, then the replay verify of the window; the window's records go into the
+  ring. Returns ``(o, cache, cursors)`` with the rows' cursors after the fold (not scattered)."""
+  cache, cursors = _fold_flush_rows(cache, slot_ids, spec, tuning)
+  write_pos, cache_base, _ = cursors
   tuning = _replay_tuning(cache, q, replay_tuning, spec)
   verify = _kernel(spec, replay_kernels.replay_verify, replay_kernels.replay_verify_reference)
   o, *rings = verify(cache.ssm, cache.ring_d, cache.ring_k, cache.ring_g, cache.ring_beta,
                      cache.ring_rawk, cache.ring_rawv, q, k, v, a, b, A_log, dt_bias, slot_ids,
                      write_pos, cache_base, tuning=tuning, dot_precision=spec.dot_precision)
-  return o, dataclasses.replace(cache, **dict(zip(replay_kernels.RING_NAMES, rings)))
+  return o, dataclasses.replace(cache, **dict(zip(replay_kernels.RING_NAMES, rings))), cursors
 
 
 _step_jit = functools.partial(jax.jit, static_argnames=("spec", "tuning", "replay_tuning"),
@@ -264,22 +269,21 @@ def verify(cache: SSMCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec: SpecC
   _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec.draft_tokens, "ssm.verify")
   tuning = _tuning(cache, tuning, spec)
   if isinstance(cache, ReplayCache):
-    return _replay_window(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,
-                          replay_tuning)
+    o, cache, cursors = _replay_window(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec,
+                                       tuning, replay_tuning)
+    return o, _set_cursors(cache, slot_ids, *cursors)
   run = _kernel(spec, recurrent_kernels.recurrent_verify, recurrent_kernels.recurrent_verify_reference)
   o, intermediate = run(cache.ssm, cache.intermediate, q, k, v, a, b, A_log, dt_bias, slot_ids,
                         tuning=tuning)
   return o, dataclasses.replace(cache, intermediate=intermediate)
 
 
-def _advance_cursors(cache: ReplayCache, slot_ids, accepted, spec: SpecConfig) -> ReplayCache:
-  """DESIGN section 3's commit formula, per row."""
-  write_pos, cache_base, is_flush = _row_cursors(cache, slot_ids)
-  L, T = cache.ring_len, spec.draft_tokens
+def _advanced(write_pos, cache_base, is_flush, accepted, L: int, T: int):
+  """DESIGN section 3's commit formula on per-row cursors."""
   flush_now = (accepted > 0) & is_flush
   cache_base = jnp.where(flush_now, (cache_base + write_pos) & (L - 1), cache_base)
   write_pos = jnp.where(is_flush, accepted, write_pos + accepted)
-  return _set_cursors(cache, slot_ids, write_pos, cache_base, write_pos + 2 * T > L)
+  return write_pos, cache_base, write_pos + 2 * T > L
 
 
 @_jit
@@ -297,7 +301,8 @@ def commit(cache: SSMCache, slot_ids: jax.Array, accepted: jax.Array, spec: Spec
     raise ValueError(f"ssm.commit: accepted has shape {accepted.shape}; expected {slot_ids.shape}.")
   accepted = accepted.astype(jnp.int32)
   if isinstance(cache, ReplayCache):
-    return _advance_cursors(cache, slot_ids, accepted, spec)
+    cursors = _advanced(*_row_cursors(cache, slot_ids), accepted, cache.ring_len, spec.draft_tokens)
+    return _set_cursors(cache, slot_ids, *cursors)
   s = jnp.maximum(slot_ids, 0)
   committed = cache.intermediate[s, jnp.maximum(accepted - 1, 0)]
   targets = jnp.where(accepted > 0, slot_ids, -1)
@@ -320,9 +325,11 @@ def decode(cache: SSMCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec: SpecC
   _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, 1, "ssm.decode")
   tuning = _tuning(cache, tuning, spec)
   if isinstance(cache, ReplayCache):
-    o, cache = _replay_window(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,
-                              replay_tuning)
-    return o, _advance_cursors(cache, slot_ids, jnp.ones_like(slot_ids), spec)
+    o, cache, cursors = _replay_window(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec,
+                                       tuning, replay_tuning)
+    # The fold's cursors and the commit of the token, scattered to the slots once.
+    cursors = _advanced(*cursors, jnp.ones_like(slot_ids), cache.ring_len, spec.draft_tokens)
+    return o, _set_cursors(cache, slot_ids, *cursors)
   run = _kernel(spec, recurrent_kernels.recurrent_decode, recurrent_kernels.recurrent_decode_reference)
   o, ssm = run(cache.ssm, q, k, v, a, b, A_log, dt_bias, slot_ids, tuning=tuning)
   return o, dataclasses.replace(cache, ssm=ssm)

@@ -137,6 +137,17 @@ def ring_from_tokens(x, slots, L, cache_base, rng):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_fold_bitwise_equals_recurrent_verify(case, dtype, interpret):
   """Folding n records equals the recurrent state after n tokens, bit for bit (DESIGN section 4)."""
+  check_fold(case, dtype, interpret)
+
+
+@pytest.mark.parametrize("v_blocks, prefetch", [(1, True), (2, False), (4, True)])
+@pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=case_id)
+def test_fold_launches_keep_the_bits(case, v_blocks, prefetch, interpret):
+  """The fold's own launch (V-blocks per program, record prefetch) leaves its bits alone."""
+  check_fold(case, jnp.bfloat16, interpret, v_blocks=v_blocks, prefetch=prefetch)
+
+
+def check_fold(case, dtype, interpret, **launch):
   B, T, H, HV, K, V, bv = case
   L = 16
   rng = np.random.default_rng(11)
@@ -151,7 +162,8 @@ def test_fold_bitwise_equals_recurrent_verify(case, dtype, interpret):
   base = rng.integers(0, L, B).astype(np.int32)
   rings = ring_from_tokens(x, slots, L, base, rng)
   count = jnp.asarray(rng.integers(1, T + 1, B), jnp.int32)
-  folded = fold.fold(x["ssm"], *rings, slots, count, jnp.asarray(base), tuning=tuning, interpret=interpret)
+  folded = fold.fold(x["ssm"], *rings, slots, count, jnp.asarray(base), tuning=tuning,
+                     interpret=interpret, **launch)
   folded_x = fold.fold_reference(x["ssm"], *rings, slots, count, jnp.asarray(base))
   for row, slot in enumerate(np.asarray(slots)):
     if slot < 0:

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import HAS_GPU, TOLERANCE, rel_err
 from replayssm_jax import reference
+from replayssm_jax.kernels import replay_split
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.recurrent import token_inputs
 from replayssm_jax.kernels.replay_verify import (FORMS, RING_NAMES, replay_verify,
@@ -250,6 +251,23 @@ def test_replay_verify(c: Case, form, interpret):
 
   o_kernel, o_ref = kernel_out[0], ref_out[0]
   assert rel_err(f32(o_kernel[valid]), f32(o_ref[valid])) <= tol
+
+
+@pytest.mark.parametrize("c", [CASES[0], CASES[7]], ids=[CASES[0].id, CASES[7].id])
+def test_split_coefficients_key_heads(c: Case, interpret):
+  """Two key heads per coefficients program: the same outputs and records, to the bit."""
+  inp = make_inputs(c)
+  valid = np.asarray(inp["slot_ids"]) >= 0
+  one, two = (replay_split.replay_verify_split(
+      **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
+      interpret=interpret, coefficient_key_heads=n) for n in (1, 2))
+  np.testing.assert_array_equal(bits(one[0][valid]), bits(two[0][valid]))
+  for name, x, y in zip(RING_NAMES, one[1:], two[1:]):
+    np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+  with pytest.raises(ValueError, match="coefficient_key_heads=3"):
+    replay_split.replay_verify_split(**inp, tuning=KernelTuning(block_v=c.block_v),
+                                     dot_precision=c.precision, interpret=interpret,
+                                     coefficient_key_heads=3)
 
 
 def test_zero_history_matches_recurrent_window():

@@ -258,7 +258,8 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
     c = _replay_cache(rng, gdn, dspec, B, *start)
     t, _ = time_calls(_restoring(cycle, _cursors), c, reps=max(5, reps // 3))
     model = B * (nbytes.fold(L_dec - 1) - nbytes.S + sum(nbytes.rssm_verify(w, 1) for w in range(steps)))
-    per_step = Timing(t.median_us / steps, t.p20_us / steps, t.p80_us / steps, t.reps, t.method, t.kernels)
+    per_step = Timing(t.median_us / steps, t.p20_us / steps, t.p80_us / steps, t.reps, t.method,
+                      t.kernels, tuple(us / steps for us in t.kernel_us))
     yield "rssm_decode_cycle", -1, L_dec, per_step, model / steps
 
 

@@ -4,6 +4,8 @@
 - Recurrent verify, recurrent decode and the exact fold, which must share their tuning: each
   candidate is timed and checked for the bitwise equality the design rests on (a fold of 12
   records written by the replay verify equals the recurrent verify's state after 12 tokens).
+- The Pallas fold's own launch (V-blocks per program, record prefetch), with 12 records and
+  with none, under the same bitwise check.
 
 Each backend has its own candidates (`CANDIDATES`): the triton kernels hold their tiles
 differently (`kernels/triton/tile.py`).
@@ -28,6 +30,7 @@ from replayssm_jax.bench import kernels as bench
 from replayssm_jax.bench.kernels import Bytes, _inputs, _replay_cache, _window
 from replayssm_jax.bench.timing import time_calls
 from replayssm_jax.config import SpecConfig
+from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels import replay_split
 from replayssm_jax.kernels import replay_verify as replay_kernels
 from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
@@ -55,11 +58,13 @@ TRITON_STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
                 for bv, w, kc in [(32, 2, 8), (32, 2, 16), (16, 1, 8), (32, 4, 8), (64, 4, 8)]]
 CANDIDATES = {"pallas": (REPLAY, STATE), "triton": (TRITON_REPLAY, TRITON_STATE)}
 COEFFICIENT_WARPS = (1, 2, 4)  # warps of the split form's coefficients kernel
+COEFFICIENT_KEY_HEADS = (2, 4)  # and its key heads per program (1 above)
 
 
 def sweep_replay(gdn, B, T, wp, reps, backend="pallas"):
   """The replay verify per (form, tuning); on Pallas also the split form's coefficients
-  kernel per warp count (`COEFFICIENT_WARPS`) under the default stream launch."""
+  kernel per warp count (`COEFFICIENT_WARPS`) and key heads per program
+  (`COEFFICIENT_KEY_HEADS`) under the default stream launch."""
   rng = np.random.default_rng(0)
   spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
   x = _inputs(rng, B, T, gdn)
@@ -68,8 +73,10 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas"):
   kern = bench.kernels_for(backend)
   variants = [(form, tuning, {}) for form, tuning in CANDIDATES[backend][0]]
   if backend == "pallas":
-    variants += [("split", kern.replay_tuning(gdn.head_v_dim, T, B), dict(coefficient_warps=w))
-                 for w in COEFFICIENT_WARPS]
+    stream = kern.replay_tuning(gdn.head_v_dim, T, B)
+    variants += [("split", stream, dict(coefficient_warps=w)) for w in COEFFICIENT_WARPS]
+    variants += [("split", stream, dict(coefficient_key_heads=n))
+                 for n in COEFFICIENT_KEY_HEADS if gdn.num_k_heads % n == 0]
   for form, tuning, extra in variants:
     if tuning.block_v > gdn.head_v_dim or (backend == "triton" and (form == "vec") != (T == 1)):
       continue
@@ -96,15 +103,35 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas"):
                kernel_us=t.by_kernel())
 
 
+def _fold_case(gdn, B, rng, kern, tuning, n_fold):
+  """(S0, rings, count, cache_base, expected): records of an ``n_fold``-token window written
+  by the replay verify (the real writer of g and beta), and the recurrent verify's state after
+  the same tokens, which their fold must equal bitwise."""
+  slot_ids = jnp.arange(B, dtype=jnp.int32)
+  x = _inputs(rng, B, n_fold, gdn)
+  S0 = jnp.asarray(0.3 * rng.standard_normal((B, *gdn.state_shape), np.float32))
+  spec = SpecConfig(draft_tokens=4, ring_len=16, verify_mode="replayssm")  # the ring shape only
+  cache = _replay_cache(rng, gdn, spec, B, np.zeros(B), np.zeros(B, bool))
+  _, *rings = kern.replay_verify(
+      S0, *(getattr(cache, n) for n in RINGS), *_window(x), slot_ids, cache.write_pos,
+      cache.cache_base, tuning=kern.replay_tuning(gdn.head_v_dim, n_fold, B),
+      dot_precision="default")
+  rings = dict(zip(RINGS, rings))
+  rings = tuple(rings[n] for n in ("ring_rawk", "ring_rawv", "ring_g", "ring_beta"))
+  _, inter = kern.recurrent_verify(
+      S0, jnp.zeros((B, n_fold, *gdn.state_shape), jnp.float32), *_window(x), slot_ids,
+      tuning=tuning)
+  return S0, rings, jnp.full((B,), n_fold, jnp.int32), cache.cache_base, inter[:, -1]
+
+
 def sweep_state(gdn, B, reps, n_fold=12, backend="pallas"):  # 12 records: the anchor's fold
   """Recurrent verify/decode and the fold per tuning, with the fold's bitwise check."""
   rng = np.random.default_rng(1)
   T = 4
   nbytes = Bytes(gdn, T)
   slot_ids = jnp.arange(B, dtype=jnp.int32)
-  x, x1, x12 = _inputs(rng, B, T, gdn), _inputs(rng, B, 1, gdn), _inputs(rng, B, n_fold, gdn)
+  x, x1 = _inputs(rng, B, T, gdn), _inputs(rng, B, 1, gdn)
   S0 = jnp.asarray(0.3 * rng.standard_normal((B, *gdn.state_shape), np.float32))
-  spec = SpecConfig(draft_tokens=4, ring_len=16, verify_mode="replayssm")  # the ring shape only
   kern = bench.kernels_for(backend)
   for tuning in (t for t in CANDIDATES[backend][1] if t.block_v <= gdn.head_v_dim):
     row = dict(backend=backend, B=B, **dataclasses.asdict(tuning))
@@ -117,25 +144,10 @@ def sweep_state(gdn, B, reps, n_fold=12, backend="pallas"):  # 12 records: the a
     t, _ = time_calls(decode, S0 + 0, reps=reps)
     row["rec_decode_us"] = round(t.median_us, 1)
 
-    # Records of a 12-token window written by the replay verify (the real writer of g and
-    # beta), folded, against the recurrent verify's state after the same 12 tokens.
-    cache = _replay_cache(rng, gdn, spec, B, np.zeros(B), np.zeros(B, bool))
-    cache = dataclasses.replace(cache, ssm=S0 + 0)
-    _, *rings = kern.replay_verify(
-        cache.ssm, *(getattr(cache, n) for n in RINGS), *_window(x12), slot_ids, cache.write_pos,
-        cache.cache_base, tuning=kern.replay_tuning(gdn.head_v_dim, n_fold, B),
-        dot_precision="default")
-    rings = dict(zip(RINGS, rings))
-    count = jnp.full((B,), n_fold, jnp.int32)
-    _, inter = kern.recurrent_verify(
-        S0, jnp.zeros((B, n_fold, *gdn.state_shape), jnp.float32), *_window(x12), slot_ids,
-        tuning=tuning)
-    expected = inter[:, -1]
-    del inter
+    S_fold, rings, count, base, expected = _fold_case(gdn, B, rng, kern, tuning, n_fold)
     fold = jax.jit(lambda s, tuning=tuning: kern.fold(
-        s, rings["ring_rawk"], rings["ring_rawv"], rings["ring_g"], rings["ring_beta"], slot_ids,
-        count, cache.cache_base, tuning=tuning), donate_argnums=0)
-    folded = fold(S0 + 0)
+        s, *rings, slot_ids, count, base, tuning=tuning), donate_argnums=0)
+    folded = fold(S_fold + 0)
     row["fold_bitwise"] = bool(jnp.array_equal(folded, expected))
     t, _ = time_calls(fold, folded, reps=reps)
     row["fold_us"] = round(t.median_us, 1)
@@ -144,12 +156,40 @@ def sweep_state(gdn, B, reps, n_fold=12, backend="pallas"):  # 12 records: the a
     yield row
 
 
+FOLD_LAUNCHES = [(vb, pf) for vb in (1, 2, 4) for pf in (False, True)]  # (v_blocks, prefetch)
+
+
+def sweep_fold(gdn, B, reps, n_fold=12):
+  """The Pallas fold per launch (`FOLD_LAUNCHES`) at the default tuning: ``n_fold`` records,
+  and no record (every row's count 0: the launch alone), each checked bitwise."""
+  rng = np.random.default_rng(2)
+  kern = bench.kernels_for("pallas")
+  tuning = kern.state_tuning(gdn.head_v_dim)
+  slot_ids = jnp.arange(B, dtype=jnp.int32)
+  S0, rings, count, base, expected = _fold_case(gdn, B, rng, kern, tuning, n_fold)
+  nbytes = Bytes(gdn, 4)
+  for v_blocks, prefetch in FOLD_LAUNCHES:
+    if v_blocks > gdn.head_v_dim // tuning.block_v:
+      continue
+    fold = jax.jit(lambda s, n, vb=v_blocks, pf=prefetch: fold_kernels.fold(
+        s, *rings, slot_ids, n, base, tuning=tuning, interpret=interpret_mode(), v_blocks=vb,
+        prefetch=pf), donate_argnums=0)
+    folded = fold(S0 + 0, count)
+    row = dict(kernel="exact_fold", B=B, n_fold=n_fold, v_blocks=v_blocks, prefetch=prefetch,
+               fold_bitwise=bool(jnp.array_equal(folded, expected)))
+    t, folded = time_calls(lambda s: fold(s, count), folded, reps=reps)
+    t0, _ = time_calls(lambda s: fold(s, jnp.zeros_like(count)), folded, reps=reps)
+    yield dict(row, fold_us=round(t.median_us, 1),
+               fold_tbps=round(B * nbytes.fold(n_fold) / t.median_us / 1e6, 3),
+               empty_us=round(t0.median_us, 1))
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--reps", type=int, default=15)
   p.add_argument("--out", default="sweep.json")
-  p.add_argument("--only", choices=("state", "replay"), help="sweep one family only")
+  p.add_argument("--only", choices=("state", "fold", "replay"), help="sweep one family only")
   p.add_argument("--backend", choices=bench.BACKENDS, default="pallas")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="stop after the row that crosses this many seconds")
@@ -161,6 +201,8 @@ def main(argv=None) -> int:
   gens = []
   if args.only in (None, "state"):
     gens.append(sweep_state(gdn, args.batch, args.reps, backend=args.backend))
+  if args.only in (None, "fold") and args.backend == "pallas":
+    gens.append(sweep_fold(gdn, args.batch, args.reps))
   if args.only in (None, "replay"):
     gens += [sweep_replay(gdn, args.batch, 4, 8, args.reps, backend=args.backend),
              sweep_replay(gdn, args.batch, 1, 8, args.reps, backend=args.backend)]

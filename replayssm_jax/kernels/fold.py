@@ -25,6 +25,26 @@ from replayssm_jax.kernels import tile
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.recurrent import scatter_rows
 
+# The fold's own launch, beyond the shared tuning (neither changes its bits). H200, B=256, 12
+# records (benchmarks/NOTES.md run 7): one program per 4 tiles folds in 571 us (594 at one
+# tile) and costs 9.2 us when no row folds (24.0 at one tile), which most decode and verify
+# steps are; loading record i+1 before applying record i gains 6% at one tile, loses 9% at 4.
+# Fewer programs only pay while they still fill the GPU several times over (`fold_v_blocks`).
+FOLD_MAX_V_BLOCKS = 4
+FOLD_MIN_PROGRAMS = 8192
+FOLD_PREFETCH = False
+
+
+def fold_v_blocks(B: int, HV: int, tiles: int) -> int:
+  """Tiles per fold program: the most (up to `FOLD_MAX_V_BLOCKS`, dividing ``tiles``) that
+  leave at least `FOLD_MIN_PROGRAMS` programs, else one (small batches need the parallelism
+  more than a cheap launch: at B=1 the fold is one program's chain of updates)."""
+  v_blocks = 1
+  while (v_blocks * 2 <= min(FOLD_MAX_V_BLOCKS, tiles) and tiles % (v_blocks * 2) == 0
+         and B * HV * tiles // (v_blocks * 2) >= FOLD_MIN_PROGRAMS):
+    v_blocks *= 2
+  return v_blocks
+
 
 def _fold_kernel(
     # inputs
@@ -43,24 +63,46 @@ def _fold_kernel(
     gqa_ratio: int,
     block_v: int,
     k_chunk: int,
+    v_blocks: int,
+    prefetch: bool,
 ):
   del ssm_in_ref  # the same buffer as ssm_ref
   row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   slot, count, base = slot_ids_ref[row], count_ref[row], cache_base_ref[row]
   kh = h // gqa_ratio
-  vs = pl.ds(j * block_v, block_v)
   K = ssm_ref.shape[-1]
+
+  def fold_tile(jj, carry):
+    vs = pl.ds((j * v_blocks + jj) * block_v, block_v)
+
+    def record(i):  # the raw inputs of record i (k still raw: normalised where it is used)
+      p = (base + i) & (ring_len - 1)
+      return (tile.load(ring_rawk_ref, (slot, kh, p), K, k_chunk),
+              ring_rawv_ref[slot, h, p, vs].astype(jnp.float32),
+              ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])
+
+    def update(S, rec):
+      k, v, g, beta = rec
+      return tile.delta_rule_step(S, tile.l2_normalize(k), v, g, beta)[0]
+
+    S = tile.load(ssm_ref, (slot, h, vs), K, k_chunk)
+    if prefetch:
+      # Record i + 1 is loaded before record i is applied, so its memory latency hides behind
+      # the update; the last load reads a ring entry it never uses (in bounds: index mod L).
+      def step(i, carry):
+        S, rec = carry
+        nxt = record(i + 1)
+        return update(S, rec), nxt
+
+      S, _ = jax.lax.fori_loop(0, count, step, (S, record(0)))
+    else:
+      S = jax.lax.fori_loop(0, count, lambda i, S: update(S, record(i)), S)
+    tile.store(ssm_ref, (slot, h, vs), S)
+    return carry
 
   @pl.when((slot >= 0) & (count > 0))
   def _fold():
-    def step(i, S):
-      p = (base + i) & (ring_len - 1)
-      k_hat = tile.normalized(ring_rawk_ref, (slot, kh, p), K, k_chunk)
-      v = ring_rawv_ref[slot, h, p, vs].astype(jnp.float32)
-      return tile.delta_rule_step(S, k_hat, v, ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])[0]
-
-    S = jax.lax.fori_loop(0, count, step, tile.load(ssm_ref, (slot, h, vs), K, k_chunk))
-    tile.store(ssm_ref, (slot, h, vs), S)
+    jax.lax.fori_loop(0, v_blocks, fold_tile, 0)
 
 
 def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base):
@@ -79,9 +121,10 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
     raise ValueError(f"the exact fold needs an fp32 checkpoint; ssm is {ssm.dtype}.")
 
 
-@functools.partial(jax.jit, static_argnames=("tuning", "interpret"))
+@functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch"))
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
-         tuning: KernelTuning, interpret: bool):
+         tuning: KernelTuning, interpret: bool, v_blocks: int | None = None,
+         prefetch: bool | None = None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
@@ -92,6 +135,10 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     cache_base: ``int32[B]``, ring index of each row's logical record 0.
     tuning: launch parameters; must be the recurrent kernels' for the bitwise tie.
     interpret: run the Pallas interpreter (CPU).
+    v_blocks: ``[BV, K]`` tiles one program folds one after the other (default
+      `fold_v_blocks`). Fewer, longer programs make the launch cheap when few rows fold.
+    prefetch: load record ``i + 1`` before applying record ``i`` (default `FOLD_PREFETCH`).
+    Neither changes the arithmetic: every launch folds to the same bits.
 
   Returns:
     The updated ``ssm``.
@@ -99,18 +146,25 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base)
   B, (_, HV, V, K), H, L = slot_ids.shape[0], ssm.shape, ring_rawk.shape[1], ring_rawk.shape[2]
   tuning.check(V, K)
+  tiles = V // tuning.block_v
+  v_blocks = fold_v_blocks(B, HV, tiles) if v_blocks is None else v_blocks
+  prefetch = FOLD_PREFETCH if prefetch is None else prefetch
+  if v_blocks < 1 or tiles % v_blocks:
+    raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
+                     f"block_v={tuning.block_v} in head_v_dim={V}.")
   kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, block_v=tuning.block_v,
-                             k_chunk=tuning.k_chunk)
+                             k_chunk=tuning.k_chunk, v_blocks=v_blocks, prefetch=prefetch)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct(ssm.shape, ssm.dtype),
-      grid=(B, HV, V // tuning.block_v),
+      grid=(B, HV, V // (tuning.block_v * v_blocks)),
       input_output_aliases={list(inputs).index("ssm"): 0},
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
-      name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{tuning.k_chunk}",
+      name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{tuning.k_chunk}"
+           f"_vb{v_blocks}{'_pf' if prefetch else ''}",
   )(*inputs.values())
 
 

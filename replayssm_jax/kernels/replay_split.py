@@ -15,8 +15,9 @@ docstring has the rest of the notation), the UT transform reads
 
 so the work splits:
 
-1. `_coefficients_kernel`, grid (B, H): per (row, key head) the normalised window and its
-   products with the key history (``X K_hist^T``, ``q_hat k_hat^T``, ``k_hat k_hat^T``), then
+1. `_coefficients_kernel`, grid (B, H / key heads per program): per (row, key head) the
+   normalised window and its products with the key history (``X K_hist^T``,
+   ``q_hat k_hat^T``, ``k_hat k_hat^T``), then
    for each of its value heads the gates, the UT inverse and the small matrices ``[Dh; Oh]``,
    ``(P, Dy, M)``, ``eq``, into fp32 scratch with ``X`` (about 90 KB per row at the anchor
    geometry, written once and read once, against 2 MB of checkpoint); it also writes the
@@ -50,6 +51,7 @@ from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_mask, histo
 # Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
 COEFFICIENT_WARPS = 1
+COEFFICIENT_KEY_HEADS = 1  # key heads per program of the coefficients kernel
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -66,15 +68,15 @@ def _coefficients_kernel(
     zt_ref,  # [B, HV, 3, T_pad, T_pad] f32: P, Dy, M
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
-    *, T: int, L: int, gqa_ratio: int, scale: float, precision_k, precision_t):
-  """One program per (row, key head): the key-side products once, then each value head."""
+    *, T: int, L: int, gqa_ratio: int, key_heads: int, scale: float, precision_k, precision_t):
+  """One program per (row, ``key_heads`` key heads): per key head the key-side products once,
+  then each of its value heads."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
-  row, kh = pl.program_id(0), pl.program_id(1)
+  row, first_kh = pl.program_id(0), pl.program_id(1) * key_heads
   slot = slot_ids_ref[row]
   T_pad = next_power_of_two(T)
 
-  @pl.when(slot >= 0)  # padding rows: the stream kernel reads none of this
-  def _coefficients():
+  def key_head(kh):
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
     win = load_keys(q_ref, k_ref, row, kh, T, scale)
     valid, _ = history_mask(write_pos, cache_base, L)
@@ -106,6 +108,11 @@ def _coefficients_kernel(
     mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
     store_rows(ring_k_out_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
     store_rows(ring_rawk_out_ref, (slot, kh, phys, cols_k), win.k_raw, mask_k)
+
+  @pl.when(slot >= 0)  # padding rows: the stream kernel reads none of this
+  def _coefficients():
+    for j in range(key_heads):  # independent chains, interleaved by the compiler
+      key_head(first_kh + j)
 
 
 def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, ring_rawk,
@@ -203,22 +210,26 @@ COEFFICIENTS = ("pallas", "xla")
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "dot_precision", "interpret",
-                                             "coefficients", "coefficient_warps"))
+                                             "coefficients", "coefficient_warps",
+                                             "coefficient_key_heads"))
 def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                         q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
                         tuning: KernelTuning, dot_precision: str, interpret: bool,
-                        coefficients: str = "pallas", coefficient_warps: int = COEFFICIENT_WARPS):
+                        coefficients: str = "pallas", coefficient_warps: int = COEFFICIENT_WARPS,
+                        coefficient_key_heads: int = COEFFICIENT_KEY_HEADS):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
   steps ``tuning.k_chunk`` columns. ``coefficients``: ``"pallas"``, the kernel, one program
-  of ``coefficient_warps`` per (row, key head), or ``"xla"``, batched XLA ops
-  (`_coefficients_xla`).
+  of ``coefficient_warps`` per (row, ``coefficient_key_heads`` key heads), or ``"xla"``,
+  batched XLA ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
   if coefficients not in COEFFICIENTS:
     raise ValueError(f"coefficients={coefficients!r} is unknown; use one of {COEFFICIENTS}.")
   B, T, H, K = q.shape
+  if coefficient_key_heads < 1 or H % coefficient_key_heads:
+    raise ValueError(f"coefficient_key_heads={coefficient_key_heads} must divide the {H} key heads.")
   HV, V, L = v.shape[2], v.shape[3], ring_g.shape[-1]
   T_pad, f32 = next_power_of_two(T), jnp.float32
   kc = min(tuning.k_chunk, K)
@@ -236,10 +247,10 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                jax.ShapeDtypeStruct((B, HV, T_pad), f32))
     inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
     *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
-        functools.partial(_coefficients_kernel, scale=K ** -0.5,
+        functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=coefficient_key_heads,
                           precision_k=mma(dot_precision, K), **common),
         out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
-        grid=(B, H),
+        grid=(B, H // coefficient_key_heads),
         input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
         interpret=interpret,
         compiler_params=KernelTuning(num_warps=coefficient_warps,
