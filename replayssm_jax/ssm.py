@@ -72,6 +72,10 @@ from replayssm_jax.state import RecurrentCache, ReplayCache, SSMCache, cache_typ
 
 _jit = functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("cache",))
 
+# Whether a step whose rows all have nothing to fold skips the fold kernel (`lax.cond`, on the
+# device). H200 measurements in benchmarks/NOTES.md run 7.
+SKIP_IDLE_FOLD = True
+
 
 def init(gdn: GDNConfig, spec: SpecConfig, num_slots: int, *, dtype=jnp.bfloat16) -> SSMCache:
   """A zero-filled SSM cache of one layer for ``num_slots`` slots.
@@ -221,8 +225,15 @@ def _fold_flush_rows(cache: ReplayCache, slot_ids, spec: SpecConfig, tuning: Ker
   write_pos, cache_base, is_flush = _row_cursors(cache, slot_ids)
   flush = is_flush & (slot_ids >= 0)
   fold = _kernel(spec, fold_kernels.fold, fold_kernels.fold_reference)
-  ssm = fold(cache.ssm, cache.ring_rawk, cache.ring_rawv, cache.ring_g, cache.ring_beta,
-             slot_ids, jnp.where(flush, write_pos, 0), cache_base, tuning=tuning)
+
+  def run_fold(ssm):
+    return fold(ssm, cache.ring_rawk, cache.ring_rawv, cache.ring_g, cache.ring_beta,
+                slot_ids, jnp.where(flush, write_pos, 0), cache_base, tuning=tuning)
+
+  if spec.backend == "xla" or not SKIP_IDLE_FOLD:  # the reference loops max(count) times
+    ssm = run_fold(cache.ssm)
+  else:  # most steps fold no row: skip the launch, whose programs would all just exit
+    ssm = jax.lax.cond(jnp.any(flush), run_fold, lambda ssm: ssm, cache.ssm)
   L = cache.ring_len
   cursors = (jnp.where(flush, 0, write_pos),
              jnp.where(flush, (cache_base + write_pos) & (L - 1), cache_base),

@@ -140,11 +140,21 @@ def test_fold_bitwise_equals_recurrent_verify(case, dtype, interpret):
   check_fold(case, dtype, interpret)
 
 
-@pytest.mark.parametrize("v_blocks, prefetch", [(1, True), (2, False), (4, True)])
-@pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=case_id)
-def test_fold_launches_keep_the_bits(case, v_blocks, prefetch, interpret):
+@pytest.mark.parametrize("v_blocks, prefetch", [(1, True), (2, False), (4, True), (4, False)])
+def test_fold_launches_keep_the_bits(v_blocks, prefetch, interpret):
   """The fold's own launch (V-blocks per program, record prefetch) leaves its bits alone."""
+  case = (3, 4, 2, 4, 16, 32, 8)  # four V-tiles per head
   check_fold(case, jnp.bfloat16, interpret, v_blocks=v_blocks, prefetch=prefetch)
+
+
+def test_fold_v_blocks_must_divide_the_tiles():
+  x = make_inputs(np.random.default_rng(0), 2, 1, 1, 2, 16, 32, jnp.float32)
+  rings = ring_from_tokens(x, jnp.array([0, 1], jnp.int32), 4, np.zeros(2, np.int32),
+                           np.random.default_rng(1))
+  with pytest.raises(ValueError, match="v_blocks=3 must divide the 2 tiles"):
+    fold.fold(x["ssm"], *rings, jnp.array([0, 1], jnp.int32), jnp.ones(2, jnp.int32),
+              jnp.zeros(2, jnp.int32), tuning=KernelTuning(block_v=16), interpret=True,
+              v_blocks=3)
 
 
 def check_fold(case, dtype, interpret, **launch):

@@ -259,7 +259,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
     t, _ = time_calls(_restoring(cycle, _cursors), c, reps=max(5, reps // 3))
     model = B * (nbytes.fold(L_dec - 1) - nbytes.S + sum(nbytes.rssm_verify(w, 1) for w in range(steps)))
     per_step = Timing(t.median_us / steps, t.p20_us / steps, t.p80_us / steps, t.reps, t.method,
-                      t.kernels, tuple(us / steps for us in t.kernel_us))
+                      t.kernels, tuple(us / steps for us in t.kernel_us), t.wall_us / steps)
     yield "rssm_decode_cycle", -1, L_dec, per_step, model / steps
 
 
@@ -298,10 +298,10 @@ def main(argv=None) -> int:
                        p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2), reps=t.reps,
                        method=t.method, min_bytes=int(model), tbps=round(tbps, 3),
                        pct_copy=round(100 * tbps * 1e12 / bw, 1), kernels=list(t.kernels),
-                       kernel_us=t.by_kernel()))
+                       kernel_us=t.by_kernel(), wall_us=round(t.wall_us, 1)))
       r = rows[-1]
       print(f"B={B:4d} {name:18s} wp={wp:3d} L={L:3d} {r['median_us']:10.1f} us "
-            f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%", flush=True)
+            f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%  (wall {r['wall_us']:.1f} us)", flush=True)
     with open(args.out, "w") as f:  # after every batch size: a cut-short run keeps its rows
       json.dump(result, f, indent=1)
   print(f"wrote {args.out}")

@@ -406,7 +406,8 @@ def run_mode(mode: str, B: int, *, layers: int, tiny: bool = False, backend: str
     t, caches = time_calls(lambda c: compiled(c, inputs, slot_ids, accepted)[1], caches, reps=reps)
     del caches
     row.update(median_us=round(t.median_us, 2), p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2),
-               per_layer_us=round(t.median_us / layers, 2), reps=t.reps, method=t.method,
+               per_layer_us=round(t.median_us / layers, 2), wall_us=round(t.wall_us, 1),
+               reps=t.reps, method=t.method,
                kernels=dict(collections.Counter(t.kernels)),
                # Device kernels named like copies (GPU; restoring the cursors may copy a few bytes).
                copy_kernels=sorted({k for k in t.kernels if "copy" in k.lower()}))

@@ -31,6 +31,7 @@ class Timing:
   method: str  # "device-events" or "host-clock"
   kernels: tuple[str, ...] = ()  # device kernels launched by one call
   kernel_us: tuple[float, ...] = ()  # the median device time of each of them
+  wall_us: float = float("nan")  # median host clock of a call to its result (dispatch included)
 
   def by_kernel(self) -> dict[str, float]:
     """Median microseconds per kernel name (summed over the launches of one name)."""
@@ -40,10 +41,11 @@ class Timing:
     return out
 
 
-def _summary(times_us: list[float], method: str, kernels=(), kernel_us=()) -> Timing:
+def _summary(times_us: list[float], method: str, kernels=(), kernel_us=(), wall_us=()) -> Timing:
   t = np.asarray(times_us)
   return Timing(float(np.median(t)), float(np.quantile(t, 0.2)), float(np.quantile(t, 0.8)),
-                len(t), method, tuple(kernels), tuple(float(x) for x in kernel_us))
+                len(t), method, tuple(kernels), tuple(float(x) for x in kernel_us),
+                float(np.median(wall_us)) if len(wall_us) else float("nan"))
 
 
 def _device_events(trace_dir: str) -> list[tuple[float, float, str]]:
@@ -135,5 +137,5 @@ def time_calls(fn: Callable, state, *, reps: int = 50, warmup: int = 3,
     if names:
       per_kernel = np.median([[d / 1e3 for _, d, _ in g] for g in groups], axis=0)
       return _summary([sum(d for _, d, _ in g) / 1e3 for g in groups], "device-events", names,
-                      per_kernel), state
-  return _summary(host, "host-clock"), state
+                      per_kernel, host), state
+  return _summary(host, "host-clock", wall_us=host), state

@@ -25,25 +25,13 @@ from replayssm_jax.kernels import tile
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.recurrent import scatter_rows
 
-# The fold's own launch, beyond the shared tuning (neither changes its bits). H200, B=256, 12
-# records (benchmarks/NOTES.md run 7): one program per 4 tiles folds in 571 us (594 at one
-# tile) and costs 9.2 us when no row folds (24.0 at one tile), which most decode and verify
-# steps are; loading record i+1 before applying record i gains 6% at one tile, loses 9% at 4.
-# Fewer programs only pay while they still fill the GPU several times over (`fold_v_blocks`).
-FOLD_MAX_V_BLOCKS = 4
-FOLD_MIN_PROGRAMS = 8192
-FOLD_PREFETCH = False
-
-
-def fold_v_blocks(B: int, HV: int, tiles: int) -> int:
-  """Tiles per fold program: the most (up to `FOLD_MAX_V_BLOCKS`, dividing ``tiles``) that
-  leave at least `FOLD_MIN_PROGRAMS` programs, else one (small batches need the parallelism
-  more than a cheap launch: at B=1 the fold is one program's chain of updates)."""
-  v_blocks = 1
-  while (v_blocks * 2 <= min(FOLD_MAX_V_BLOCKS, tiles) and tiles % (v_blocks * 2) == 0
-         and B * HV * tiles // (v_blocks * 2) >= FOLD_MIN_PROGRAMS):
-    v_blocks *= 2
-  return v_blocks
+# The fold's own launch, beyond the shared tuning (neither changes its bits). H200, 12 records
+# (benchmarks/NOTES.md run 7): loading record i+1 before applying record i folds B=256 in 557
+# against 595 us (B=64: 150 against 158); four tiles per program in 571 us, but at B=16 in 60
+# against 48 us, and with prefetch in 624. Several tiles per program made the launch cheaper
+# when no row folds (9.2 against 24 us at B=256), which `ssm` now skips altogether.
+FOLD_V_BLOCKS = 1
+FOLD_PREFETCH = True
 
 
 def _fold_kernel(
@@ -136,7 +124,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     tuning: launch parameters; must be the recurrent kernels' for the bitwise tie.
     interpret: run the Pallas interpreter (CPU).
     v_blocks: ``[BV, K]`` tiles one program folds one after the other (default
-      `fold_v_blocks`). Fewer, longer programs make the launch cheap when few rows fold.
+      `FOLD_V_BLOCKS`): fewer, longer programs, a cheaper launch when few rows fold.
     prefetch: load record ``i + 1`` before applying record ``i`` (default `FOLD_PREFETCH`).
     Neither changes the arithmetic: every launch folds to the same bits.
 
@@ -147,7 +135,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   B, (_, HV, V, K), H, L = slot_ids.shape[0], ssm.shape, ring_rawk.shape[1], ring_rawk.shape[2]
   tuning.check(V, K)
   tiles = V // tuning.block_v
-  v_blocks = fold_v_blocks(B, HV, tiles) if v_blocks is None else v_blocks
+  v_blocks = FOLD_V_BLOCKS if v_blocks is None else v_blocks
   prefetch = FOLD_PREFETCH if prefetch is None else prefetch
   if v_blocks < 1 or tiles % v_blocks:
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
