@@ -11,7 +11,8 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
 - ``"replayssm"`` (`ReplayCache`): verify first folds the rows marked ``is_flush``
   (exact replay of their committed raw records into the checkpoint), then computes
   the window outputs from checkpoint + ring history and appends the window's
-  records; commit only moves cursors.
+  records; commit only moves cursors. A step in which no row folds skips the fold
+  kernel on the device (`SKIP_IDLE_FOLD`), as most decode and verify steps do.
 
 The fold retires what it folded at once (``cache_base += write_pos``, ``write_pos = 0``,
 ``is_flush = False``: SGLang's "finish fold"), after which DESIGN's commit formula

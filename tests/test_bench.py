@@ -17,7 +17,7 @@ def test_bench_smoke(tmp_path):
   assert names == {"rec_verify", "rec_commit", "rec_decode", "rssm_verify", "exact_fold", "rssm_step_nf",
                    "rssm_step_f", "rssm_step_mixed", "rssm_decode_cycle"}
   for row in result["rows"]:
-    assert row["median_us"] > 0 and row["min_bytes"] > 0
+    assert row["median_us"] > 0 and row["min_bytes"] > 0 and row["wall_us"] > 0
   assert {"date", "device", "jax", "copy_tbps"} <= result.keys()
 
 
@@ -46,6 +46,17 @@ def test_summary_table_skips_batch_sizes_cut_short():
   table = report.summary_table({"rows": rows})
   assert "| 256 | 1046.0 | 649.0 | 1.61x | 304.0 | 267.0 | 1.14x |" in table
   assert "| 512 |" not in table
+
+
+def test_kernel_table_shows_rows_without_quantiles():
+  """Rows recovered from a log carry a median only: the table says so instead of failing."""
+  from replayssm_jax.bench import report
+
+  row = dict(kernel="rssm_step_mixed", B=512, L=16, wp=-1, median_us=881.4, p20_us=None,
+             p80_us=None, min_bytes=1.58e9, tbps=1.8, pct_copy=42.1)
+  table = report.kernel_table({"rows": [row, dict(row, B=256, p20_us=456.2, p80_us=458.2)]})
+  assert "| 512 | rssm_step_mixed | 881.4 | - |" in table
+  assert "| 256 | rssm_step_mixed | 881.4 | 456.2-458.2 |" in table
 
 
 def test_kernels_for_names_each_backend():
@@ -100,3 +111,15 @@ def test_sweep_replay_smoke(tmp_path):
   warps = {r["coefficient_warps"] for r in rows if "coefficient_warps" in r}
   assert warps == set(sweep.COEFFICIENT_WARPS)
   assert all(r["median_us"] > 0 for r in rows)
+
+
+def test_sweep_fold_smoke(tmp_path):
+  """The fold sweep times each launch with records and without, bitwise checked (tiny, CPU)."""
+  from replayssm_jax.bench import sweep
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "fold", "--batch", "2", "--reps", "1",
+                     "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert {(r["v_blocks"], r["prefetch"]) for r in rows} >= {(1, False), (1, True)}
+  assert all(r["fold_bitwise"] is True and r["fold_us"] > 0 and r["empty_us"] > 0 for r in rows)

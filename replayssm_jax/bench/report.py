@@ -33,8 +33,10 @@ def kernel_table(result: dict) -> str:
            "|---:|---|---:|---:|---:|---:|---:|---:|"]
   for row in result["rows"]:
     anchor = ANCHOR_US.get(row["kernel"], {}).get(row["B"])
+    spread = ("-" if row.get("p20_us") is None  # rows recovered from a log: medians only
+              else f"{row['p20_us']:.1f}-{row['p80_us']:.1f}")
     lines.append(
-        f"| {row['B']} | {_label(row)} | {row['median_us']:.1f} | {row['p20_us']:.1f}-{row['p80_us']:.1f} "
+        f"| {row['B']} | {_label(row)} | {row['median_us']:.1f} | {spread} "
         f"| {row['min_bytes'] / 1e6:.2f} | {row['tbps']:.2f} | {row['pct_copy']:.1f} "
         f"| {'' if anchor is None else f'{anchor:.1f}'} |")
   return "\n".join(lines)
