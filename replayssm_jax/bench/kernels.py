@@ -287,6 +287,11 @@ def main(argv=None) -> int:
                 python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
                 copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
                 backend=args.backend, rows=rows)
+
+  def save():
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=1)
+
   for B in args.batch:
     if time.monotonic() - start > args.budget_s:
       print(f"stopping before B={B}: the {args.budget_s} s budget is spent", flush=True)
@@ -302,8 +307,8 @@ def main(argv=None) -> int:
       r = rows[-1]
       print(f"B={B:4d} {name:18s} wp={wp:3d} L={L:3d} {r['median_us']:10.1f} us "
             f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%  (wall {r['wall_us']:.1f} us)", flush=True)
-    with open(args.out, "w") as f:  # after every batch size: a cut-short run keeps its rows
-      json.dump(result, f, indent=1)
+      save()  # after every row: a run cut short keeps what it measured
+  save()
   print(f"wrote {args.out}")
   return 0
 
