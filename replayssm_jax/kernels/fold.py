@@ -53,6 +53,7 @@ def _fold_kernel(
     k_chunk: int,
     v_blocks: int,
     prefetch: bool,
+    compiled: bool,
 ):
   del ssm_in_ref  # the same buffer as ssm_ref
   row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -71,7 +72,8 @@ def _fold_kernel(
 
     def update(S, rec):
       k, v, g, beta = rec
-      return tile.delta_rule_step(S, tile.l2_normalize(k), v, g, beta)[0]
+      return tile.delta_rule_step(S, tile.l2_normalize(k, compiled=compiled), v, g, beta,
+                                  compiled=compiled)[0]
 
     S = tile.load(ssm_ref, (slot, h, vs), K, k_chunk)
     if prefetch:
@@ -141,7 +143,8 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
   kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, block_v=tuning.block_v,
-                             k_chunk=tuning.k_chunk, v_blocks=v_blocks, prefetch=prefetch)
+                             k_chunk=tuning.k_chunk, v_blocks=v_blocks, prefetch=prefetch,
+                             compiled=not interpret)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
   return pl.pallas_call(

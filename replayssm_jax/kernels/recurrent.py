@@ -54,6 +54,7 @@ def _recurrent_kernel(
     k_chunk: int,
     scale: float,
     store_each_step: bool,
+    compiled: bool,
 ):
   if store_each_step:
     _, o_ref, states_ref = refs  # states_ref: [slots, T, HV, V, K] f32 (aliased)
@@ -77,11 +78,12 @@ def _recurrent_kernel(
     K = q_ref.shape[-1]
 
     def step(t, S):
-      q_hat = tile.normalized(q_ref, (row, t, kh), K, k_chunk, scale)
-      k_hat = tile.normalized(k_ref, (row, t, kh), K, k_chunk)
+      q_hat = tile.normalized(q_ref, (row, t, kh), K, k_chunk, scale, compiled=compiled)
+      k_hat = tile.normalized(k_ref, (row, t, kh), K, k_chunk, compiled=compiled)
       g, beta = reference.gdn_gating(a_ref[row, t, h], b_ref[row, t, h], A_log, dt_bias)
-      S, _ = tile.delta_rule_step(S, k_hat, v_ref[row, t, h, vs].astype(jnp.float32), g, beta)
-      o_ref[row, t, h, vs] = tile.matvec(S, q_hat).astype(o_ref.dtype)
+      S, _ = tile.delta_rule_step(S, k_hat, v_ref[row, t, h, vs].astype(jnp.float32), g, beta,
+                                  compiled=compiled)
+      o_ref[row, t, h, vs] = tile.matvec(S, q_hat, compiled=compiled).astype(o_ref.dtype)
       if store_each_step:
         tile.store(states_ref, (slot, t, h, vs), S)
       return S
@@ -115,7 +117,7 @@ def _recurrent_call(slot_ids, q, k, v, a, b, A_log, dt_bias, ssm, intermediate, 
   store_each_step = intermediate is not None
   kernel = functools.partial(
       _recurrent_kernel, T=T, gqa_ratio=HV // H, block_v=tuning.block_v, k_chunk=tuning.k_chunk,
-      scale=K ** -0.5, store_each_step=store_each_step)
+      scale=K ** -0.5, store_each_step=store_each_step, compiled=not interpret)
   inputs = dict(slot_ids=slot_ids, q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm)
   if store_each_step:
     inputs["intermediate"] = intermediate

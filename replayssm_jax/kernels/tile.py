@@ -13,6 +13,15 @@ The order of every sum here is part of the exact arithmetic: the recurrent kerne
 both go through these functions with the same tuning, which is what keeps the folded
 checkpoint bitwise equal to the recurrent state (DESIGN section 4). Vectors over K are chunked
 the same way (`Chunks`); vectors over V stay whole.
+
+Two things follow the compile (``compiled``: Triton on a GPU, else the Pallas interpreter).
+Multiply-adds: the Triton that compiles Pallas kernels contracts no ``x * y + z`` into an fma
+(the H200 profile of the fold: 1% of its fp32 instructions fused, benchmarks/NOTES.md run 8),
+so `fma` writes the PTX instruction out; the interpreter has no inline assembly and rounds the
+product and the sum apart. Norms: the GPU multiplies by one reciprocal square root, where a
+division per element costs three instructions; the interpreter divides, since XLA on the CPU
+rewrites a reciprocal differently in the two kernels of the tie. Either way both sides of the
+bitwise tie compile alike.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
 
@@ -43,37 +53,59 @@ def store(ref, index: tuple, x: Chunks) -> None:
     ref[(*index, pl.ds(c * kc, kc))] = x_c.astype(ref.dtype)
 
 
-def dot(x: Chunks, y: Chunks) -> jax.Array:
+def fma(x, y, z, *, compiled: bool) -> jax.Array:
+  """``x * y + z`` in fp32 (shapes broadcast): rounded once (PTX ``fma.rn``) when ``compiled``,
+  else the product and then the sum (each rounded)."""
+  if not compiled:
+    return x * y + z
+  shape = jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y), jnp.shape(z))
+  [out] = pltriton.elementwise_inline_asm(
+      "fma.rn.f32 $0, $1, $2, $3;",
+      args=[jnp.broadcast_to(a, shape).astype(jnp.float32) for a in (x, y, z)],
+      constraints="=f,f,f,f", pack=1,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(shape, jnp.float32)])
+  return out
+
+
+def dot(x: Chunks, y: Chunks, *, compiled: bool = False) -> jax.Array:
   """``x . y`` over K for chunked vectors or tiles (``[..., KC]`` each): in-thread first."""
   acc = x[0] * y[0]
   for x_c, y_c in zip(x[1:], y[1:]):
-    acc = acc + x_c * y_c
+    acc = fma(x_c, y_c, acc, compiled=compiled)
   return jnp.sum(acc, axis=-1)
 
 
-def matvec(S: Chunks, x: Chunks) -> jax.Array:
+def matvec(S: Chunks, x: Chunks, *, compiled: bool = False) -> jax.Array:
   """``S x`` for a chunked ``[BV, K]`` tile and a chunked ``[K]`` vector: ``[BV]``."""
-  return dot(S, tuple(x_c[None, :] for x_c in x))
+  return dot(S, tuple(x_c[None, :] for x_c in x), compiled=compiled)
 
 
-def l2_normalize(x: Chunks) -> Chunks:
-  """`reference.l2_normalize` of a chunked vector (the same formula, chunked sum)."""
-  norm = jnp.sqrt(dot(x, x) + reference.L2_EPS)
+def l2_normalize(x: Chunks, *, compiled: bool = False) -> Chunks:
+  """`reference.l2_normalize` of a chunked vector: a chunked sum, then, compiled, one
+  reciprocal square root and a multiply per element, else a division per element."""
+  sum_sq = dot(x, x, compiled=compiled) + reference.L2_EPS
+  if compiled:
+    inv_norm = jax.lax.rsqrt(sum_sq)
+    return tuple(x_c * inv_norm for x_c in x)
+  norm = jnp.sqrt(sum_sq)
   return tuple(x_c / norm for x_c in x)
 
 
-def normalized(ref, index: tuple, K: int, k_chunk: int, scale: float = 1.0) -> Chunks:
+def normalized(ref, index: tuple, K: int, k_chunk: int, scale: float = 1.0, *,
+               compiled: bool = False) -> Chunks:
   """``l2_normalize(ref[*index, :K]) * scale`` in fp32, chunked (q_hat, k_hat of a token)."""
-  x = l2_normalize(load(ref, index, K, k_chunk))
+  x = l2_normalize(load(ref, index, K, k_chunk), compiled=compiled)
   return x if scale == 1.0 else tuple(x_c * scale for x_c in x)
 
 
-def delta_rule_step(S: Chunks, k_hat: Chunks, v: jax.Array, g, beta) -> tuple[Chunks, jax.Array]:
+def delta_rule_step(S: Chunks, k_hat: Chunks, v: jax.Array, g, beta, *,
+                    compiled: bool) -> tuple[Chunks, jax.Array]:
   """`reference.delta_rule_step` on a chunked tile: ``(S_new, d)``.
 
-  ``S <- exp(g) S``, ``d = beta (v - S k_hat)``, ``S <- S + d k_hat^T``, in that order.
+  ``S <- exp(g) S``, ``d = beta (v - S k_hat)``, ``S <- S + d k_hat^T``, in that order; the
+  products of ``S k_hat`` and the update are multiply-adds (`fma`).
   """
   decay = jnp.exp(g)
   S = tuple(S_c * decay for S_c in S)
-  d = beta * (v - matvec(S, k_hat))
-  return tuple(S_c + d[:, None] * k_c[None, :] for S_c, k_c in zip(S, k_hat)), d
+  d = beta * (v - matvec(S, k_hat, compiled=compiled))
+  return tuple(fma(d[:, None], k_c[None, :], S_c, compiled=compiled) for S_c, k_c in zip(S, k_hat)), d
