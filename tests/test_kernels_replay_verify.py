@@ -270,6 +270,26 @@ def test_split_coefficients_key_heads(c: Case, interpret):
                                      coefficient_key_heads=3)
 
 
+@pytest.mark.parametrize("c", [CASES[0], CASES[7]], ids=[CASES[0].id, CASES[7].id])
+def test_split_coefficients_stacked(c: Case, interpret):
+  """The key products as one dot over [q_hat; k_hat] or one dot each: the same records to the
+  bit but the window's d's, the same outputs and d's within the dots' rounding."""
+  inp = make_inputs(c)
+  valid = np.asarray(inp["slot_ids"]) >= 0
+  apart, stacked = (replay_split.replay_verify_split(
+      **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
+      interpret=interpret, coefficient_stacked=x) for x in (False, True))
+  f32 = lambda x: np.asarray(x, np.float32)
+  assert rel_err(f32(apart[0][valid]), f32(stacked[0][valid])) <= c.tol
+  for name, x, y in zip(RING_NAMES, apart[1:], stacked[1:]):
+    if name == "ring_d":  # the window's d's carry the dots' rounding, as the outputs do
+      x, y = f32(x), f32(y)
+      np.testing.assert_array_equal(np.isnan(x), np.isnan(y))  # the poisoned entries
+      assert rel_err(np.nan_to_num(x), np.nan_to_num(y)) <= c.tol, name
+    else:
+      np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+
+
 def test_zero_history_matches_recurrent_window():
   """write_pos = 0 everywhere: the outputs are those of `reference.verify_window` from ssm."""
   c = dataclasses.replace(CASES[0], pad_row=None)  # the shapes of CASES[0]: no recompile

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
-from replayssm_jax.kernels import fold, recurrent, replay_verify
+from replayssm_jax.kernels import fold, recurrent, replay_split, replay_verify
 from replayssm_jax.kernels.backend import KernelTuning
 
 H, HV, K, V, SLOTS, B, L = 16, 32, 128, 128, 8, 4, 16
@@ -64,4 +64,11 @@ def test_replay_verify_lowers(T, form):
   tuning = KernelTuning.replay_default(V, T)
   lower(functools.partial(replay_verify.replay_verify, tuning=tuning, dot_precision="default",
                           interpret=False, form=form),
+        STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_split_stacked_coefficients_lower(T):
+  lower(functools.partial(replay_split.replay_verify_split, tuning=KernelTuning.replay_default(V, T),
+                          dot_precision="default", interpret=False, coefficient_stacked=True),
         STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))

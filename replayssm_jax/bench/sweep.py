@@ -59,12 +59,14 @@ TRITON_STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
 CANDIDATES = {"pallas": (REPLAY, STATE), "triton": (TRITON_REPLAY, TRITON_STATE)}
 COEFFICIENT_WARPS = (1, 2, 4)  # warps of the split form's coefficients kernel
 COEFFICIENT_KEY_HEADS = (2, 4)  # and its key heads per program (1 above)
+COEFFICIENT_STACKED = (True,)  # and one dot over [q_hat; k_hat] (the default: one each)
 
 
 def sweep_replay(gdn, B, T, wp, reps, backend="pallas"):
   """The replay verify per (form, tuning); on Pallas also the split form's coefficients
-  kernel per warp count (`COEFFICIENT_WARPS`) and key heads per program
-  (`COEFFICIENT_KEY_HEADS`) under the default stream launch."""
+  kernel per warp count (`COEFFICIENT_WARPS`), key heads per program
+  (`COEFFICIENT_KEY_HEADS`) and stacked key products (`COEFFICIENT_STACKED`) under the
+  default stream launch."""
   rng = np.random.default_rng(0)
   spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
   x = _inputs(rng, B, T, gdn)
@@ -77,6 +79,7 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas"):
     variants += [("split", stream, dict(coefficient_warps=w)) for w in COEFFICIENT_WARPS]
     variants += [("split", stream, dict(coefficient_key_heads=n))
                  for n in COEFFICIENT_KEY_HEADS if gdn.num_k_heads % n == 0]
+    variants += [("split", stream, dict(coefficient_stacked=x)) for x in COEFFICIENT_STACKED]
   for form, tuning, extra in variants:
     if tuning.block_v > gdn.head_v_dim or (backend == "triton" and (form == "vec") != (T == 1)):
       continue

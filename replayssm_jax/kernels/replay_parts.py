@@ -109,8 +109,15 @@ class WindowKeys(NamedTuple):
   tok: jax.Array  # [T_pad] int32 token index
   in_window: jax.Array  # [T_pad] bool, tok < T
   k_raw: jax.Array  # [T_pad, K] activation dtype (rows past T repeat token T - 1)
+  q_hat: jax.Array  # [T_pad, K] l2-normalised q, scaled
   k_hat: jax.Array  # [T_pad, K] l2-normalised k
-  X: jax.Array  # [2 T_pad, K]: [q_hat; k_hat], q_hat scaled
+
+  @property
+  def X(self) -> jax.Array:
+    """``[2 T_pad, K]``: ``[q_hat; k_hat]``, for one dot over both (Triton has no row
+    concatenation: stack on a new last axis, move it; a layout change through shared memory)."""
+    X = jnp.stack([self.q_hat, self.k_hat], axis=-1)
+    return jnp.transpose(X, (2, 0, 1)).reshape(2 * self.tok.shape[0], -1)
 
 
 class WindowGates(NamedTuple):
@@ -139,9 +146,7 @@ def load_keys(q_ref, k_ref, row, kh, T: int, scale: float) -> WindowKeys:
   q_hat = reference.l2_normalize(q_ref[row, src, kh, :].astype(jnp.float32)) * scale
   k_hat = reference.l2_normalize(k_raw.astype(jnp.float32))
   q_hat, k_hat = (jnp.where(in_window[:, None], x, 0.0) for x in (q_hat, k_hat))
-  # X = [q_hat; k_hat] (Triton has no row concatenation: stack on a new last axis, move it).
-  X = jnp.transpose(jnp.stack([q_hat, k_hat], axis=-1), (2, 0, 1)).reshape(2 * tok.shape[0], -1)
-  return WindowKeys(tok, in_window, k_raw, k_hat, X)
+  return WindowKeys(tok, in_window, k_raw, q_hat, k_hat)
 
 
 def load_gates(a_ref, b_ref, A_log, dt_bias, row, h, T: int) -> WindowGates:

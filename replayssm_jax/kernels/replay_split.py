@@ -52,6 +52,7 @@ from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_mask, histo
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
 COEFFICIENT_WARPS = 1
 COEFFICIENT_KEY_HEADS = 1  # key heads per program of the coefficients kernel
+COEFFICIENT_STACKED = False  # one dot over [q_hat; k_hat] (True) or one each
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -68,7 +69,8 @@ def _coefficients_kernel(
     zt_ref,  # [B, HV, 3, T_pad, T_pad] f32: P, Dy, M
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
-    *, T: int, L: int, gqa_ratio: int, key_heads: int, scale: float, precision_k, precision_t):
+    *, T: int, L: int, gqa_ratio: int, key_heads: int, stacked: bool, scale: float, precision_k,
+    precision_t):
   """One program per (row, ``key_heads`` key heads): per key head the key-side products once,
   then each of its value heads."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
@@ -81,15 +83,19 @@ def _coefficients_kernel(
     win = load_keys(q_ref, k_ref, row, kh, T, scale)
     valid, _ = history_mask(write_pos, cache_base, L)
     k_hist = masked(ring_k_ref[slot, kh, :, :], valid)
-    XK = dot_nt(win.X, k_hist, precision_k)  # [2 T_pad, L]: (q_hat, k_hat) . k_hist
-    qk, kk = jnp.split(dot_nt(win.X, win.k_hat, precision_t), 2, axis=0)
+    if stacked:  # one dot over [q_hat; k_hat] (`WindowKeys.X`), its product split in two
+      XK_q, XK_k = jnp.split(dot_nt(win.X, k_hist, precision_k), 2, axis=0)
+      qk, kk = jnp.split(dot_nt(win.X, win.k_hat, precision_t), 2, axis=0)
+    else:  # q_hat and k_hat apart: no stacking and splitting of tiles through shared memory
+      XK_q, XK_k = (dot_nt(x, k_hist, precision_k) for x in (win.q_hat, win.k_hat))  # [T_pad, L]
+      qk, kk = (dot_nt(x, win.k_hat, precision_t) for x in (win.q_hat, win.k_hat))
     phys = ((cache_base + write_pos + win.tok) & (L - 1))[:, None]  # [T_pad, 1]
 
     for i in range(gqa_ratio):  # the value heads of this key head
       h = kh * gqa_ratio + i
       gates = load_gates(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T)
       decay_all, w, _ = history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
-      C_q, C_k = jnp.split(XK * w[None, :], 2, axis=0)
+      C_q, C_k = XK_q * w[None, :], XK_k * w[None, :]
       Gamma, decay, Tinv = window_solve(gates.g_win, gates.beta_win, kk, T)
       exp_gamma = jnp.exp(Gamma)
       E = Tinv * (gates.beta_win * exp_gamma)[None, :]
@@ -102,7 +108,11 @@ def _coefficients_kernel(
       store_rows(ring_g_out_ref, (slot, h, phys[:, 0]), gates.g, win.in_window)
       store_rows(ring_beta_out_ref, (slot, h, phys[:, 0]), gates.beta, win.in_window)
 
-    x_ref[row, kh, :, :] = win.X
+    if stacked:
+      x_ref[row, kh, :, :] = win.X
+    else:
+      x_ref[row, kh, pl.ds(0, T_pad), :] = win.q_hat
+      x_ref[row, kh, pl.ds(T_pad, T_pad), :] = win.k_hat
     K = k_ref.shape[-1]
     cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
     mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
@@ -211,18 +221,21 @@ COEFFICIENTS = ("pallas", "xla")
 
 @functools.partial(jax.jit, static_argnames=("tuning", "dot_precision", "interpret",
                                              "coefficients", "coefficient_warps",
-                                             "coefficient_key_heads"))
+                                             "coefficient_key_heads",
+                                             "coefficient_stacked"))
 def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                         q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
                         tuning: KernelTuning, dot_precision: str, interpret: bool,
                         coefficients: str = "pallas", coefficient_warps: int = COEFFICIENT_WARPS,
-                        coefficient_key_heads: int = COEFFICIENT_KEY_HEADS):
+                        coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
+                        coefficient_stacked: bool = COEFFICIENT_STACKED):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
   steps ``tuning.k_chunk`` columns. ``coefficients``: ``"pallas"``, the kernel, one program
-  of ``coefficient_warps`` per (row, ``coefficient_key_heads`` key heads), or ``"xla"``,
-  batched XLA ops (`_coefficients_xla`).
+  of ``coefficient_warps`` per (row, ``coefficient_key_heads`` key heads), its key products
+  as one dot over ``[q_hat; k_hat]`` when ``coefficient_stacked`` (else one each), or
+  ``"xla"``, batched XLA ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
   if coefficients not in COEFFICIENTS:
@@ -248,7 +261,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
     inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
     *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
         functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=coefficient_key_heads,
-                          precision_k=mma(dot_precision, K), **common),
+                          stacked=coefficient_stacked, precision_k=mma(dot_precision, K),
+                          **common),
         out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
         grid=(B, H // coefficient_key_heads),
         input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
