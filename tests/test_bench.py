@@ -123,3 +123,13 @@ def test_sweep_fold_smoke(tmp_path):
   rows = json.loads(out.read_text())["rows"]
   assert {(r["v_blocks"], r["prefetch"]) for r in rows} >= {(1, False), (1, True)}
   assert all(r["fold_bitwise"] is True and r["fold_us"] > 0 and r["empty_us"] > 0 for r in rows)
+
+
+def test_profile_runs_each_kernel(capsys):
+  """`bench.profile` (the ncu target) launches the replay verify at T=4 and 1 and the fold."""
+  from replayssm_jax.bench import profile
+
+  assert profile.main(["--tiny", "--batch", "3", "--calls", "1"]) == 0
+  out = capsys.readouterr().out
+  for what in ("replay verify T=4", "replay verify T=1", "fold"):
+    assert f"{what}: 2 calls" in out, out

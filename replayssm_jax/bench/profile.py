@@ -3,8 +3,12 @@
 Each kernel runs ``--calls`` times, after one warm-up, with nothing else on the device in
 between but the inputs' set-up, so a profiler filtered by kernel name sees only its launches:
 
-    ncu --clock-control none -k regex:'replay_|fold' -s 4 -c 4 --set full -o prof \\
+    ncu --clock-control none -k regex:'replay_coefficients|replay_stream_T4|exact_fold' \\
+        --launch-skip 2 --launch-count 8 --set full -o prof \\
         python -m replayssm_jax.bench.profile --batch 256
+
+(run 8 in benchmarks/NOTES.md; ``--launch-skip 2`` passes over the warm-up call of the T=4
+coefficients and stream).
 
 Launches, in order: the replay verify at write_pos 8 (T=4: coefficients + stream), the
 replay decode at write_pos 8 (T=1), and the exact fold of 12 records.
@@ -13,8 +17,8 @@ replay decode at write_pos 8 (T=1), and the exact fold of 12 records.
 from __future__ import annotations
 
 import argparse
-import functools
 import dataclasses
+import functools
 import sys
 
 import jax
@@ -22,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replayssm_jax import SpecConfig
-from replayssm_jax.bench.kernels import GEOMETRY, _inputs, _replay_cache, _window, kernels_for
+from replayssm_jax.bench.kernels import GEOMETRY, TINY, _inputs, _replay_cache, _window, kernels_for
 from replayssm_jax.kernels import replay_verify as replay_kernels
 
 
@@ -30,9 +34,10 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--calls", type=int, default=2, help="calls of each kernel after its warm-up")
-  p.add_argument("--backend", default="pallas")
+  p.add_argument("--backend", choices=("pallas", "triton"), default="pallas")
+  p.add_argument("--tiny", action="store_true", help="tiny geometry: a smoke run on the CPU")
   args = p.parse_args(argv)
-  B, L, gdn = args.batch, 16, GEOMETRY
+  B, L, gdn = args.batch, 16, TINY if args.tiny else GEOMETRY
   rng = np.random.default_rng(0)
   kern = kernels_for(args.backend)
   slot_ids = jnp.arange(B, dtype=jnp.int32)

@@ -206,25 +206,29 @@ def _replay_verify_vec_kernel(
     k_hist = tuple(masked(k_c, valid) for k_c in tile.load(
         ring_k_ref, (slot, kh, pl.ds(0, L)), K, k_chunk))  # [L, KC] chunks
 
+    # `tile`'s interpreter arithmetic (``compiled=False``) on every platform: this form's
+    # outputs tie to nothing bitwise, and its GPU timings (runs 3-6) are of this arithmetic.
+    arith = dict(compiled=False)
+
     def apply_hist(x):  # S_hist x = exp(G_m) S0 x + sum_i w_i (k_i . x) d_i       [BV]
-      return (decay_all * tile.matvec(S0, x)
-              + jnp.sum((tile.matvec(k_hist, x) * w)[:, None] * d_hist, axis=0))
+      return (decay_all * tile.matvec(S0, x, **arith)
+              + jnp.sum((tile.matvec(k_hist, x, **arith) * w)[:, None] * d_hist, axis=0))
 
     A_log, dt_bias = A_log_ref[h], dt_bias_ref[h]
     Gamma, ds, k_hats = [], [], []
     for s in range(T):
-      q_hat = tile.normalized(q_ref, (row, s, kh), K, k_chunk, scale)
-      k_hat = tile.normalized(k_ref, (row, s, kh), K, k_chunk)
+      q_hat = tile.normalized(q_ref, (row, s, kh), K, k_chunk, scale, **arith)
+      k_hat = tile.normalized(k_ref, (row, s, kh), K, k_chunk, **arith)
       g, beta = reference.gdn_gating(a_ref[row, s, h], b_ref[row, s, h], A_log, dt_bias)
       Gamma.append(g if s == 0 else Gamma[-1] + g)
       u = v_ref[row, s, h, vs].astype(jnp.float32) - jnp.exp(Gamma[s]) * apply_hist(k_hat)
       o = jnp.exp(Gamma[s]) * apply_hist(q_hat)
       for i in range(s):
         decay = jnp.exp(Gamma[s] - Gamma[i])
-        u = u - decay * tile.dot(k_hat, k_hats[i]) * ds[i]
-        o = o + decay * tile.dot(q_hat, k_hats[i]) * ds[i]
+        u = u - decay * tile.dot(k_hat, k_hats[i], **arith) * ds[i]
+        o = o + decay * tile.dot(q_hat, k_hats[i], **arith) * ds[i]
       d = beta * u
-      o = o + tile.dot(q_hat, k_hat) * d
+      o = o + tile.dot(q_hat, k_hat, **arith) * d
       ds.append(d)
       k_hats.append(k_hat)
 

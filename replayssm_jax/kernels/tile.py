@@ -19,9 +19,9 @@ Multiply-adds: the Triton that compiles Pallas kernels contracts no ``x * y + z`
 (the H200 profile of the fold: 1% of its fp32 instructions fused, benchmarks/NOTES.md run 8),
 so `fma` writes the PTX instruction out; the interpreter has no inline assembly and rounds the
 product and the sum apart. Norms: the GPU multiplies by one reciprocal square root, where a
-division per element costs three instructions; the interpreter divides, since XLA on the CPU
-rewrites a reciprocal differently in the two kernels of the tie. Either way both sides of the
-bitwise tie compile alike.
+division per element costs three instructions; the interpreter divides, since a reciprocal
+there broke the tie (XLA on the CPU compiled the two kernels' norms to different bits). Either
+way both sides of the bitwise tie compile alike (GPU tests, benchmarks/gpu_tests_h200.md run 8).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def fma(x, y, z, *, compiled: bool) -> jax.Array:
   return out
 
 
-def dot(x: Chunks, y: Chunks, *, compiled: bool = False) -> jax.Array:
+def dot(x: Chunks, y: Chunks, *, compiled: bool) -> jax.Array:
   """``x . y`` over K for chunked vectors or tiles (``[..., KC]`` each): in-thread first."""
   acc = x[0] * y[0]
   for x_c, y_c in zip(x[1:], y[1:]):
@@ -75,12 +75,12 @@ def dot(x: Chunks, y: Chunks, *, compiled: bool = False) -> jax.Array:
   return jnp.sum(acc, axis=-1)
 
 
-def matvec(S: Chunks, x: Chunks, *, compiled: bool = False) -> jax.Array:
+def matvec(S: Chunks, x: Chunks, *, compiled: bool) -> jax.Array:
   """``S x`` for a chunked ``[BV, K]`` tile and a chunked ``[K]`` vector: ``[BV]``."""
   return dot(S, tuple(x_c[None, :] for x_c in x), compiled=compiled)
 
 
-def l2_normalize(x: Chunks, *, compiled: bool = False) -> Chunks:
+def l2_normalize(x: Chunks, *, compiled: bool) -> Chunks:
   """`reference.l2_normalize` of a chunked vector: a chunked sum, then, compiled, one
   reciprocal square root and a multiply per element, else a division per element."""
   sum_sq = dot(x, x, compiled=compiled) + reference.L2_EPS
@@ -92,7 +92,7 @@ def l2_normalize(x: Chunks, *, compiled: bool = False) -> Chunks:
 
 
 def normalized(ref, index: tuple, K: int, k_chunk: int, scale: float = 1.0, *,
-               compiled: bool = False) -> Chunks:
+               compiled: bool) -> Chunks:
   """``l2_normalize(ref[*index, :K]) * scale`` in fp32, chunked (q_hat, k_hat of a token)."""
   x = l2_normalize(load(ref, index, K, k_chunk), compiled=compiled)
   return x if scale == 1.0 else tuple(x_c * scale for x_c in x)
@@ -108,4 +108,5 @@ def delta_rule_step(S: Chunks, k_hat: Chunks, v: jax.Array, g, beta, *,
   decay = jnp.exp(g)
   S = tuple(S_c * decay for S_c in S)
   d = beta * (v - matvec(S, k_hat, compiled=compiled))
-  return tuple(fma(d[:, None], k_c[None, :], S_c, compiled=compiled) for S_c, k_c in zip(S, k_hat)), d
+  S = tuple(fma(d[:, None], k_c[None, :], S_c, compiled=compiled) for S_c, k_c in zip(S, k_hat))
+  return S, d
