@@ -72,3 +72,18 @@ def test_split_stacked_coefficients_lower(T):
   lower(functools.partial(replay_split.replay_verify_split, tuning=KernelTuning.replay_default(V, T),
                           dot_precision="default", interpret=False, coefficient_stacked=True),
         STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))
+
+
+def test_state_kernels_write_out_their_multiply_adds():
+  """On the GPU the tie's arithmetic has its multiply-adds as PTX ``fma.rn`` (`kernels/tile.py`:
+  Pallas' Triton contracts none); the replay verify's vector form keeps mul-then-add."""
+  state = [lower(functools.partial(fold.fold, tuning=KernelTuning(), interpret=False), STATE,
+                 RINGS[4], RINGS[5], RINGS[2], RINGS[3], ((B,), jnp.int32), ((B,), jnp.int32),
+                 ((B,), jnp.int32)),
+           lower(functools.partial(recurrent.recurrent_decode, tuning=KernelTuning(),
+                                   interpret=False), STATE, *window(1))]
+  assert all("fma.rn.f32" in text for text in state)
+  vec = lower(functools.partial(replay_verify.replay_verify, tuning=KernelTuning.replay_default(V, 1),
+                                dot_precision="default", interpret=False, form="vec"),
+              STATE, *RINGS, *window(1), ((B,), jnp.int32), ((B,), jnp.int32))
+  assert "fma.rn.f32" not in vec
