@@ -19,6 +19,7 @@ from replayssm_jax.kernels.backend import KernelTuning
 
 H, HV, K, V, SLOTS, B, L = 16, 32, 128, 128, 8, 4, 16
 ACT = jnp.bfloat16
+FMA = "fma.rn.f32"  # `tile.fma`'s inline PTX, as it appears in the serialized Triton IR
 
 
 def lower(fn, *shapes):
@@ -46,25 +47,31 @@ TUNINGS = [KernelTuning(), KernelTuning(block_v=64, num_warps=2),
 @pytest.mark.parametrize("tuning", TUNINGS, ids=str)
 @pytest.mark.parametrize("T", [1, 4])
 def test_recurrent_kernels_lower(T, tuning):
-  lower(functools.partial(recurrent.recurrent_verify, tuning=tuning, interpret=False),
-        STATE, ((SLOTS, T, HV, V, K), jnp.float32), *window(T))
-  lower(functools.partial(recurrent.recurrent_decode, tuning=tuning, interpret=False),
-        STATE, *window(1))
+  texts = [lower(functools.partial(recurrent.recurrent_verify, tuning=tuning, interpret=False),
+                 STATE, ((SLOTS, T, HV, V, K), jnp.float32), *window(T)),
+           lower(functools.partial(recurrent.recurrent_decode, tuning=tuning, interpret=False),
+                 STATE, *window(1))]
+  # On the GPU the state tiles' multiply-adds are written out (`tile.fma`): Pallas' Triton
+  # contracts none.
+  assert all(FMA in text for text in texts)
 
 
 @pytest.mark.parametrize("tuning", TUNINGS, ids=str)
 def test_fold_lowers(tuning):
-  lower(functools.partial(fold.fold, tuning=tuning, interpret=False), STATE, RINGS[4], RINGS[5],
-        RINGS[2], RINGS[3], ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32))
+  text = lower(functools.partial(fold.fold, tuning=tuning, interpret=False), STATE, RINGS[4],
+               RINGS[5], RINGS[2], RINGS[3], ((B,), jnp.int32), ((B,), jnp.int32),
+               ((B,), jnp.int32))
+  assert FMA in text  # the same arithmetic as the recurrent kernels: the bitwise tie
 
 
 @pytest.mark.parametrize("form", replay_verify.FORMS)
 @pytest.mark.parametrize("T", [1, 3, 4, 8])
 def test_replay_verify_lowers(T, form):
   tuning = KernelTuning.replay_default(V, T)
-  lower(functools.partial(replay_verify.replay_verify, tuning=tuning, dot_precision="default",
-                          interpret=False, form=form),
-        STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))
+  text = lower(functools.partial(replay_verify.replay_verify, tuning=tuning,
+                                 dot_precision="default", interpret=False, form=form),
+               STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))
+  assert FMA not in text  # tie to nothing bitwise; the vector form keeps mul-then-add
 
 
 @pytest.mark.parametrize("T", [1, 4])
@@ -73,17 +80,3 @@ def test_split_stacked_coefficients_lower(T):
                           dot_precision="default", interpret=False, coefficient_stacked=True),
         STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))
 
-
-def test_state_kernels_write_out_their_multiply_adds():
-  """On the GPU the tie's arithmetic has its multiply-adds as PTX ``fma.rn`` (`kernels/tile.py`:
-  Pallas' Triton contracts none); the replay verify's vector form keeps mul-then-add."""
-  state = [lower(functools.partial(fold.fold, tuning=KernelTuning(), interpret=False), STATE,
-                 RINGS[4], RINGS[5], RINGS[2], RINGS[3], ((B,), jnp.int32), ((B,), jnp.int32),
-                 ((B,), jnp.int32)),
-           lower(functools.partial(recurrent.recurrent_decode, tuning=KernelTuning(),
-                                   interpret=False), STATE, *window(1))]
-  assert all("fma.rn.f32" in text for text in state)
-  vec = lower(functools.partial(replay_verify.replay_verify, tuning=KernelTuning.replay_default(V, 1),
-                                dot_precision="default", interpret=False, form="vec"),
-              STATE, *RINGS, *window(1), ((B,), jnp.int32), ((B,), jnp.int32))
-  assert "fma.rn.f32" not in vec

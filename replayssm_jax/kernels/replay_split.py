@@ -84,8 +84,9 @@ def _coefficients_kernel(
     valid, _ = history_mask(write_pos, cache_base, L)
     k_hist = masked(ring_k_ref[slot, kh, :, :], valid)
     if stacked:  # one dot over [q_hat; k_hat] (`WindowKeys.X`), its product split in two
-      XK_q, XK_k = jnp.split(dot_nt(win.X, k_hist, precision_k), 2, axis=0)
-      qk, kk = jnp.split(dot_nt(win.X, win.k_hat, precision_t), 2, axis=0)
+      X = win.X
+      XK_q, XK_k = jnp.split(dot_nt(X, k_hist, precision_k), 2, axis=0)
+      qk, kk = jnp.split(dot_nt(X, win.k_hat, precision_t), 2, axis=0)
     else:  # q_hat and k_hat apart: no stacking and splitting of tiles through shared memory
       XK_q, XK_k = (dot_nt(x, k_hist, precision_k) for x in (win.q_hat, win.k_hat))  # [T_pad, L]
       qk, kk = (dot_nt(x, win.k_hat, precision_t) for x in (win.q_hat, win.k_hat))
@@ -109,7 +110,7 @@ def _coefficients_kernel(
       store_rows(ring_beta_out_ref, (slot, h, phys[:, 0]), gates.beta, win.in_window)
 
     if stacked:
-      x_ref[row, kh, :, :] = win.X
+      x_ref[row, kh, :, :] = X
     else:
       x_ref[row, kh, pl.ds(0, T_pad), :] = win.q_hat
       x_ref[row, kh, pl.ds(T_pad, T_pad), :] = win.k_hat
