@@ -67,8 +67,9 @@ import jax.numpy as jnp
 from replayssm_jax.config import GDNConfig, SpecConfig
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels import recurrent as recurrent_kernels
+from replayssm_jax.kernels import replay_split
 from replayssm_jax.kernels import replay_verify as replay_kernels
-from replayssm_jax.kernels.backend import KernelTuning, interpret_mode
+from replayssm_jax.kernels.backend import KernelTuning, interpret_mode, replay_form
 from replayssm_jax.state import RecurrentCache, ReplayCache, SSMCache, cache_type_for
 
 _jit = functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("cache",))
@@ -76,6 +77,10 @@ _jit = functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("c
 # Whether a step whose rows all have nothing to fold skips the fold kernel (`lax.cond`, on the
 # device). H200 measurements in benchmarks/NOTES.md run 7.
 SKIP_IDLE_FOLD = True
+# Whether the Pallas split replay verify folds the flush rows in its stream kernel, where the
+# checkpoint is read anyway (`replay_verify.fold_and_replay_verify`), in place of a separate
+# fold launch before it. H200 measurements in benchmarks/NOTES.md run 9.
+FUSE_FOLD = True
 
 
 def init(gdn: GDNConfig, spec: SpecConfig, num_slots: int, *, dtype=jnp.bfloat16) -> SSMCache:
@@ -217,42 +222,64 @@ def reset(cache: SSMCache, slot_ids: jax.Array, initial_state: jax.Array, spec: 
   return _set_cursors(cache, slot_ids, zeros, zeros, jnp.full((B,), spec.flush_on_reset))
 
 
-def _fold_flush_rows(cache: ReplayCache, slot_ids, spec: SpecConfig, tuning: KernelTuning):
-  """Fold the rows marked ``is_flush`` and retire their history.
-
-  Returns ``(cache, cursors)``: the cache with the folded checkpoint, and each row's
-  ``(write_pos, cache_base, is_flush)`` after the fold, which the caller scatters to the slots
-  (once per step, with whatever else the step moves)."""
+def _fold_plan(cache: ReplayCache, slot_ids):
+  """What the step folds: ``(count, cache_base, cursors)``, per row the records to fold (the
+  ``write_pos`` of a flush row, else 0), the ring index of its first, and its cursors
+  ``(write_pos, cache_base, is_flush)`` once the fold has retired them. The cursors are
+  scattered to the slots by the caller, once per step with whatever else the step moves."""
   write_pos, cache_base, is_flush = _row_cursors(cache, slot_ids)
   flush = is_flush & (slot_ids >= 0)
-  fold = _kernel(spec, fold_kernels.fold, fold_kernels.fold_reference)
-
-  def run_fold(ssm):
-    return fold(ssm, cache.ring_rawk, cache.ring_rawv, cache.ring_g, cache.ring_beta,
-                slot_ids, jnp.where(flush, write_pos, 0), cache_base, tuning=tuning)
-
-  if spec.backend == "xla" or not SKIP_IDLE_FOLD:  # the reference loops max(count) times
-    ssm = run_fold(cache.ssm)
-  else:  # most steps fold no row: skip the launch, whose programs would all just exit
-    ssm = jax.lax.cond(jnp.any(flush), run_fold, lambda ssm: ssm, cache.ssm)
   L = cache.ring_len
   cursors = (jnp.where(flush, 0, write_pos),
              jnp.where(flush, (cache_base + write_pos) & (L - 1), cache_base),
              jnp.where(flush, False, is_flush))
-  return dataclasses.replace(cache, ssm=ssm), cursors
+  return jnp.where(flush, write_pos, 0), cache_base, cursors
+
+
+def _fold(cache: ReplayCache, slot_ids, count, cache_base, spec: SpecConfig,
+          tuning: KernelTuning) -> ReplayCache:
+  """The exact fold kernel on the rows with ``count > 0``."""
+  fold = _kernel(spec, fold_kernels.fold, fold_kernels.fold_reference)
+
+  def run_fold(ssm):
+    return fold(ssm, cache.ring_rawk, cache.ring_rawv, cache.ring_g, cache.ring_beta,
+                slot_ids, count, cache_base, tuning=tuning)
+
+  if spec.backend == "xla" or not SKIP_IDLE_FOLD:  # the reference loops max(count) times
+    ssm = run_fold(cache.ssm)
+  else:  # most steps fold no row: skip the launch, whose programs would all just exit
+    ssm = jax.lax.cond(jnp.any(count > 0), run_fold, lambda ssm: ssm, cache.ssm)
+  return dataclasses.replace(cache, ssm=ssm)
+
+
+def _fuses_fold(spec: SpecConfig, q, tuning: KernelTuning, replay_tuning: KernelTuning) -> bool:
+  """Whether the replay verify folds the flush rows itself (`FUSE_FOLD`): the Pallas split
+  form does, when its stream tiles are whole fold tiles."""
+  fold_block_v = replay_split.stream_fold_block_v(replay_tuning, tuning)
+  return (FUSE_FOLD and spec.backend == "pallas"
+          and replay_form(q.shape[1], q.shape[0]).startswith("split")
+          and fold_block_v > 0 and replay_tuning.block_v % fold_block_v == 0)
 
 
 def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,
                    replay_tuning):
   """Fold flush rows, then the replay verify of the window; the window's records go into the
   ring. Returns ``(o, cache, cursors)`` with the rows' cursors after the fold (not scattered)."""
-  cache, cursors = _fold_flush_rows(cache, slot_ids, spec, tuning)
+  count, fold_base, cursors = _fold_plan(cache, slot_ids)
   write_pos, cache_base, _ = cursors
-  tuning = _replay_tuning(cache, q, replay_tuning, spec)
-  verify = _kernel(spec, replay_kernels.replay_verify, replay_kernels.replay_verify_reference)
-  o, *rings = verify(cache.ssm, cache.ring_d, cache.ring_k, cache.ring_g, cache.ring_beta,
-                     cache.ring_rawk, cache.ring_rawv, q, k, v, a, b, A_log, dt_bias, slot_ids,
-                     write_pos, cache_base, tuning=tuning, dot_precision=spec.dot_precision)
+  replay_tuning = _replay_tuning(cache, q, replay_tuning, spec)
+  window = (q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
+  verify_args = dict(tuning=replay_tuning, dot_precision=spec.dot_precision)
+  rings = tuple(getattr(cache, n) for n in replay_kernels.RING_NAMES)
+  if _fuses_fold(spec, q, tuning, replay_tuning):
+    o, ssm, *rings = replay_kernels.fold_and_replay_verify(
+        cache.ssm, *rings, *window, count, fold_base, fold_tuning=tuning,
+        interpret=interpret_mode(), **verify_args)
+    cache = dataclasses.replace(cache, ssm=ssm)
+  else:
+    cache = _fold(cache, slot_ids, count, fold_base, spec, tuning)
+    verify = _kernel(spec, replay_kernels.replay_verify, replay_kernels.replay_verify_reference)
+    o, *rings = verify(cache.ssm, *rings, *window, **verify_args)
   return o, dataclasses.replace(cache, **dict(zip(replay_kernels.RING_NAMES, rings))), cursors
 
 

@@ -125,6 +125,19 @@ def test_sweep_fold_smoke(tmp_path):
   assert all(r["fold_bitwise"] is True and r["fold_us"] > 0 and r["empty_us"] > 0 for r in rows)
 
 
+def test_sweep_stream_fold_smoke(tmp_path):
+  """The stream-fold sweep checks the fold inside the stream bitwise against the recurrent
+  state and times it beside the fold kernel + verify (tiny, CPU)."""
+  from replayssm_jax.bench import sweep
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "stream-fold", "--batch", "2", "--reps", "1",
+                     "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert rows and all(r["fold_bitwise"] is True and r["fused_us"] > 0 and r["apart_us"] > 0
+                      for r in rows)
+
+
 def test_profile_runs_each_kernel(capsys):
   """`bench.profile` (the ncu target) launches the replay verify at T=4 and 1 and the fold."""
   from replayssm_jax.bench import profile

@@ -10,6 +10,7 @@ head by head. The histories are built the way the recurrent path records them:
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -18,11 +19,11 @@ import pytest
 
 from conftest import HAS_GPU, TOLERANCE, rel_err
 from replayssm_jax import reference
-from replayssm_jax.kernels import replay_split
+from replayssm_jax.kernels import fold, replay_split
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.recurrent import token_inputs
-from replayssm_jax.kernels.replay_verify import (FORMS, RING_NAMES, replay_verify,
-                                                 replay_verify_reference)
+from replayssm_jax.kernels.replay_verify import (FORMS, RING_NAMES, fold_and_replay_verify,
+                                                 replay_verify, replay_verify_reference)
 
 reference_jit = jax.jit(replay_verify_reference)
 gating_jit = jax.jit(reference.gdn_gating)
@@ -288,6 +289,67 @@ def test_split_coefficients_stacked(c: Case, interpret):
       assert rel_err(np.nan_to_num(x), np.nan_to_num(y)) <= c.tol, name
     else:
       np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+
+
+def _flush_some_rows(inp, c: Case):
+  """Cursors of a step in which the rows with a full ring (write_pos L - T) fold their history
+  first: per row the records to fold, their first ring index, and the cursors the window then
+  sees (a folded row has no history left; the others keep theirs). The padding row asks for a
+  fold it must not do."""
+  wp, cb = np.asarray(inp["write_pos"]), np.asarray(inp["cache_base"])
+  pad = np.asarray(inp["slot_ids"]) < 0
+  flush = (wp == c.L - c.T) | pad
+  count = np.where(pad, 3, np.where(flush, wp, 0)).astype(np.int32)
+  cursors = dict(write_pos=np.where(flush, 0, wp), cache_base=np.where(flush, (cb + wp) % c.L, cb))
+  return (jnp.asarray(count), jnp.asarray(cb)), {n: jnp.asarray(x, jnp.int32)
+                                                 for n, x in cursors.items()}
+
+
+FUSED_CASES = [CASES[0], CASES[1], CASES[5]]
+
+
+@pytest.mark.parametrize("c", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
+def test_fold_inside_the_stream(c: Case, interpret):
+  """`fold_and_replay_verify` (the fold in the split form's stream kernel) against the fold
+  kernel and then the split verify: the same checkpoint, outputs and rings, to the bit."""
+  inp = make_inputs(c)
+  (count, fold_base), cursors = _flush_some_rows(inp, c)
+  inp = {**inp, **cursors}
+  valid = np.asarray(inp["slot_ids"]) >= 0
+  fold_tuning = KernelTuning(block_v=max(c.block_v // 2, 1), num_warps=2, k_chunk=16)
+  tuning = KernelTuning(block_v=c.block_v)
+  folded = fold.fold(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
+                     inp["ring_beta"], inp["slot_ids"], count, fold_base, tuning=fold_tuning,
+                     interpret=interpret)
+  assert not np.array_equal(bits(folded), bits(inp["ssm"]))  # some rows did fold
+  apart = replay_verify(**{**inp, "ssm": folded}, tuning=tuning, dot_precision=c.precision,
+                        interpret=interpret, form="split")
+  o, ssm, *rings = fold_and_replay_verify(**inp, fold_count=count, fold_base=fold_base,
+                                          tuning=tuning, fold_tuning=fold_tuning,
+                                          dot_precision=c.precision, interpret=interpret,
+                                          form="split")
+  np.testing.assert_array_equal(bits(ssm), bits(folded))
+  np.testing.assert_array_equal(bits(o[valid]), bits(apart[0][valid]))
+  np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
+  for name, x, y in zip(RING_NAMES, rings, apart[1:]):
+    np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+
+
+def test_fold_inside_the_stream_validation():
+  c = CASES[0]
+  inp = make_inputs(c)
+  (count, fold_base), _ = _flush_some_rows(inp, c)
+  call = functools.partial(fold_and_replay_verify, **inp, fold_base=fold_base,
+                           tuning=KernelTuning(block_v=16), dot_precision="ieee", interpret=True)
+  with pytest.raises(ValueError, match="form='ut' has no fold"):
+    call(fold_count=count, fold_tuning=KernelTuning(block_v=8), form="ut")
+  with pytest.raises(ValueError, match=r"fold_count is float32\[4\]; expected int32\[4\]"):
+    call(fold_count=count.astype(jnp.float32), fold_tuning=KernelTuning(block_v=8), form="split")
+  with pytest.raises(ValueError, match="multiple of the fold's block_v=32"):
+    replay_split.fold_replay_verify_split(
+        **inp, fold_count=count, fold_base=fold_base, tuning=KernelTuning(block_v=16),
+        fold_tuning=KernelTuning(block_v=16), fold_block_v=32, dot_precision="ieee",
+        interpret=True)
 
 
 def test_zero_history_matches_recurrent_window():

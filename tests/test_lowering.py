@@ -72,6 +72,7 @@ def test_replay_verify_lowers(T, form):
                                  dot_precision="default", interpret=False, form=form),
                STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))
   assert FMA not in text  # tie to nothing bitwise; the vector form keeps mul-then-add
+  assert "gpu.barrier" not in text  # only the stream that folds needs one
 
 
 @pytest.mark.parametrize("T", [1, 4])
@@ -80,3 +81,17 @@ def test_split_stacked_coefficients_lower(T):
                           dot_precision="default", interpret=False, coefficient_stacked=True),
         STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))
 
+
+
+@pytest.mark.parametrize("fold_block_v", [32, 64])
+@pytest.mark.parametrize("T", [1, 4])
+def test_fold_inside_the_stream_lowers(T, fold_block_v):
+  """The split verify with the fold in its stream kernel: the fold's arithmetic is the state
+  tiles' (fma), and a barrier separates the folded tile's stores from the stream's loads."""
+  text = lower(functools.partial(
+      replay_split.fold_replay_verify_split, tuning=KernelTuning.replay_default(V, T),
+      fold_tuning=KernelTuning.state_default(V), fold_block_v=fold_block_v,
+      dot_precision="default", interpret=False),
+      STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32),
+      ((B,), jnp.int32))
+  assert FMA in text and "gpu.barrier" in text

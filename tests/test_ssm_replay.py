@@ -24,6 +24,9 @@ from replayssm_jax.kernels.backend import SPLIT_MIN_BATCH, interpret_mode, repla
 GDN = GDNConfig(num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, hidden_size=32,
                 num_layers=1, num_gdn_layers=1)
 SLOTS = 6
+# Value heads as wide as the state kernels' tiles x the stream's warps: the split form folds
+# inside its stream kernel (`ssm._fuses_fold`).
+GDN_WIDE = dataclasses.replace(GDN, head_v_dim=64)
 
 
 @dataclasses.dataclass
@@ -169,7 +172,11 @@ def test_wide_batches_split_form(T, L, decode_share, backend):
   B = SPLIT_MIN_BATCH["decode" if decode_share == 1.0 else "window"]
   assert replay_form(T, B) == "split"
   rng = np.random.default_rng(T)
-  pair = Pair.create(T, L, backend, rng)
+  pair = Pair.create(T, L, backend, rng, gdn=GDN_WIDE)
+  if backend == "pallas":  # flush rows fold inside the split form's stream kernel
+    spec, V = pair.rep_spec, GDN_WIDE.head_v_dim
+    assert ssm._fuses_fold(spec, jnp.zeros((B, T)), ssm.default_state_tuning(spec, V),
+                           ssm.default_replay_tuning(spec, V, T, B))
   pair.reset(list(range(SLOTS)), rng)
   for _ in range(40 if decode_share < 1 else 12):
     chosen = rng.permutation(SLOTS)[:rng.integers(1, SLOTS + 1)]
@@ -234,18 +241,19 @@ def test_verify_twice_is_idempotent_across_a_fold():
   np.testing.assert_array_equal(ssm1, np.asarray(pair.rep.ssm))
 
 
-@pytest.mark.parametrize("mode", ["recurrent", "replayssm"])
-def test_jitted_steps_alias_the_cache(mode, backend):
-  """No full-buffer copy: the donated cache is aliased and temporaries stay per-row sized."""
+@pytest.mark.parametrize("mode,B", [("recurrent", 3), ("replayssm", 3), ("replayssm", 64)])
+def test_jitted_steps_alias_the_cache(mode, B, backend):
+  """No full-buffer copy: the donated cache is aliased and temporaries stay per-row sized.
+  At B=64 the Pallas verify and decode run the split form, flush rows folding in its stream."""
   if mode == "replayssm" and backend == "pallas" and interpret_mode():
     pytest.skip("the Pallas interpreter carries every kernel operand through an XLA while loop "
                 "and copies the read-only ones; the compiled kernels are checked on the GPU")
   spec = SpecConfig(draft_tokens=4, ring_len=16, verify_mode=mode, backend=backend)
-  slots = 256  # full buffers dwarf the per-row temporaries of a 3-row step
-  cache = ssm.init(GDN, spec, slots, dtype=jnp.float32)
-  B = 3
+  gdn = GDN if B < 64 else GDN_WIDE
+  slots = 16 * B + 256  # full buffers dwarf the per-row temporaries of a step
+  cache = ssm.init(gdn, spec, slots, dtype=jnp.float32)
   z = lambda *s: jnp.zeros(s, jnp.float32)
-  H, HV, K, V = 1, 2, 16, 16
+  H, HV, K, V = gdn.num_k_heads, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
   window = (z(B, 4, H, K), z(B, 4, H, K), z(B, 4, HV, V), z(B, 4, HV), z(B, 4, HV), z(HV), z(HV))
   ids = jnp.zeros(B, jnp.int32)
   token = (z(B, 1, H, K), z(B, 1, H, K), z(B, 1, HV, V), z(B, 1, HV), z(B, 1, HV), z(HV), z(HV))

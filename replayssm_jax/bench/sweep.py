@@ -6,6 +6,8 @@
   records written by the replay verify equals the recurrent verify's state after 12 tokens).
 - The Pallas fold's own launch (V-blocks per program, record prefetch), with 12 records and
   with none, under the same bitwise check.
+- The fold inside the split verify's stream kernel per fold tile height, under the same
+  bitwise check, against the fold kernel followed by the split verify.
 
 Each backend has its own candidates (`CANDIDATES`): the triton kernels hold their tiles
 differently (`kernels/triton/tile.py`).
@@ -109,7 +111,16 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas"):
 def _fold_case(gdn, B, rng, kern, tuning, n_fold):
   """(S0, rings, count, cache_base, expected): records of an ``n_fold``-token window written
   by the replay verify (the real writer of g and beta), and the recurrent verify's state after
-  the same tokens, which their fold must equal bitwise."""
+  the same tokens, which their fold must equal bitwise. ``rings``: the fold's four."""
+  S0, rings, count, base, expected = _fold_case_rings(gdn, B, rng, kern, tuning, n_fold)
+  return S0, tuple(rings[n] for n in FOLD_RINGS), count, base, expected
+
+
+FOLD_RINGS = ("ring_rawk", "ring_rawv", "ring_g", "ring_beta")
+
+
+def _fold_case_rings(gdn, B, rng, kern, tuning, n_fold):
+  """`_fold_case` with every ring, by name."""
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   x = _inputs(rng, B, n_fold, gdn)
   S0 = jnp.asarray(0.3 * rng.standard_normal((B, *gdn.state_shape), np.float32))
@@ -119,12 +130,11 @@ def _fold_case(gdn, B, rng, kern, tuning, n_fold):
       S0, *(getattr(cache, n) for n in RINGS), *_window(x), slot_ids, cache.write_pos,
       cache.cache_base, tuning=kern.replay_tuning(gdn.head_v_dim, n_fold, B),
       dot_precision="default")
-  rings = dict(zip(RINGS, rings))
-  rings = tuple(rings[n] for n in ("ring_rawk", "ring_rawv", "ring_g", "ring_beta"))
   _, inter = kern.recurrent_verify(
       S0, jnp.zeros((B, n_fold, *gdn.state_shape), jnp.float32), *_window(x), slot_ids,
       tuning=tuning)
-  return S0, rings, jnp.full((B,), n_fold, jnp.int32), cache.cache_base, inter[:, -1]
+  return (S0, dict(zip(RINGS, rings)), jnp.full((B,), n_fold, jnp.int32), cache.cache_base,
+          inter[:, -1])
 
 
 def sweep_state(gdn, B, reps, n_fold=12, backend="pallas"):  # 12 records: the anchor's fold
@@ -187,12 +197,70 @@ def sweep_fold(gdn, B, reps, n_fold=12):
                empty_us=round(t0.median_us, 1))
 
 
+STREAM_FOLD_BLOCK_V = (32, 64)  # rows of the tiles the stream kernel folds in
+
+
+def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4):
+  """The fold inside the split verify's stream kernel (`replay_split.fold_replay_verify_split`)
+  per fold tile height (`STREAM_FOLD_BLOCK_V`): every row folding ``n_fold`` records and then
+  verifying a T-token window, checked bitwise against the recurrent state and timed against
+  the fold kernel followed by the split verify (`apart_us`); and no row folding (`idle_us`),
+  against the split verify alone (`plain_us`): what the fold's code costs the stream."""
+  rng = np.random.default_rng(3)
+  kern = bench.kernels_for("pallas")
+  tuning = kern.state_tuning(gdn.head_v_dim)
+  stream = kern.replay_tuning(gdn.head_v_dim, T, B)
+  slot_ids = jnp.arange(B, dtype=jnp.int32)
+  S0, rings, count, base, expected = _fold_case_rings(gdn, B, rng, kern, tuning, n_fold)
+  x = _inputs(rng, B, T, gdn)
+  L = rings["ring_g"].shape[-1]
+  after = (jnp.zeros_like(count), (base + count) & (L - 1))  # write_pos, cache_base after it
+  interpret = interpret_mode()
+  fresh = lambda: (S0 + 0, {n: jnp.copy(r) for n, r in rings.items()})  # the calls donate
+
+  def verify(ssm, rs):
+    _, *out = replay_split.replay_verify_split(
+        ssm, *(rs[n] for n in RINGS), *_window(x), slot_ids, *after, tuning=stream,
+        dot_precision="default", interpret=interpret)
+    return ssm, dict(zip(RINGS, out))
+
+  def apart(c):
+    ssm, rs = c
+    return verify(kern.fold(ssm, *(rs[n] for n in FOLD_RINGS), slot_ids, count, base,
+                            tuning=tuning), rs)
+
+  apart_t, _ = time_calls(jax.jit(apart, donate_argnums=0), fresh(), reps=reps)
+  plain_t, _ = time_calls(jax.jit(lambda c: verify(*c), donate_argnums=0), fresh(), reps=reps)
+  candidates = {replay_split.stream_fold_block_v(stream, tuning), *STREAM_FOLD_BLOCK_V}
+  for fold_block_v in sorted(n for n in candidates if 0 < n <= stream.block_v):
+
+    def fused(c, counts, fbv=fold_block_v):
+      ssm, rs = c
+      _, ssm, *out = replay_split.fold_replay_verify_split(
+          ssm, *(rs[n] for n in RINGS), *_window(x), slot_ids, *after, counts, base,
+          tuning=stream, fold_tuning=tuning, fold_block_v=fbv, dot_precision="default",
+          interpret=interpret)
+      return ssm, dict(zip(RINGS, out))
+
+    fused = jax.jit(fused, donate_argnums=0)
+    state = fused(fresh(), count)
+    row = dict(kernel=f"stream_fold_T{T}", B=B, n_fold=n_fold, fold_block_v=fold_block_v,
+               default=fold_block_v == replay_split.stream_fold_block_v(stream, tuning),
+               fold_bitwise=bool(jnp.array_equal(state[0], expected)))
+    t, state = time_calls(lambda c: fused(c, count), state, reps=reps)
+    idle, _ = time_calls(lambda c: fused(c, jnp.zeros_like(count)), state, reps=reps)
+    yield dict(row, fused_us=round(t.median_us, 1), apart_us=round(apart_t.median_us, 1),
+               idle_us=round(idle.median_us, 1), plain_us=round(plain_t.median_us, 1),
+               kernel_us=t.by_kernel(), apart_kernel_us=apart_t.by_kernel())
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--reps", type=int, default=15)
   p.add_argument("--out", default="sweep.json")
-  p.add_argument("--only", choices=("state", "fold", "replay"), help="sweep one family only")
+  p.add_argument("--only", choices=("state", "fold", "stream-fold", "replay"),
+                 help="sweep one family only")
   p.add_argument("--backend", choices=bench.BACKENDS, default="pallas")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="stop after the row that crosses this many seconds")
@@ -206,6 +274,8 @@ def main(argv=None) -> int:
     gens.append(sweep_state(gdn, args.batch, args.reps, backend=args.backend))
   if args.only in (None, "fold") and args.backend == "pallas":
     gens.append(sweep_fold(gdn, args.batch, args.reps))
+  if args.only in (None, "stream-fold") and args.backend == "pallas":
+    gens.append(sweep_stream_fold(gdn, args.batch, args.reps))
   if args.only in (None, "replay"):
     gens += [sweep_replay(gdn, args.batch, 4, 8, args.reps, backend=args.backend),
              sweep_replay(gdn, args.batch, 1, 8, args.reps, backend=args.backend)]

@@ -34,6 +34,44 @@ FOLD_V_BLOCKS = 1
 FOLD_PREFETCH = True
 
 
+def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, *, slot, h, kh,
+              rows: pl.Slice, count, base, ring_len: int, k_chunk: int, prefetch: bool,
+              compiled: bool) -> None:
+  """Replay ``count`` records of (slot, value head h) into ``ssm_ref[slot, h, rows, :]`` in place.
+
+  The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
+  shared by `fold` and the split replay verify's stream (`replay_split`), so both fold to the
+  same bits. Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is
+  normalised where it is used, as the recurrent kernels normalise it.
+  """
+  K = ssm_ref.shape[-1]
+
+  def record(i):  # the raw inputs of record i
+    p = (base + i) & (ring_len - 1)
+    return (tile.load(ring_rawk_ref, (slot, kh, p), K, k_chunk),
+            ring_rawv_ref[slot, h, p, rows].astype(jnp.float32),
+            ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])
+
+  def update(S, rec):
+    k, v, g, beta = rec
+    return tile.delta_rule_step(S, tile.l2_normalize(k, compiled=compiled), v, g, beta,
+                                compiled=compiled)[0]
+
+  S = tile.load(ssm_ref, (slot, h, rows), K, k_chunk)
+  if prefetch:
+    # Record i + 1 is loaded before record i is applied, so its memory latency hides behind
+    # the update; the last load reads a ring entry it never uses (in bounds: index mod L).
+    def step(i, carry):
+      S, rec = carry
+      nxt = record(i + 1)
+      return update(S, rec), nxt
+
+    S, _ = jax.lax.fori_loop(0, count, step, (S, record(0)))
+  else:
+    S = jax.lax.fori_loop(0, count, lambda i, S: update(S, record(i)), S)
+  tile.store(ssm_ref, (slot, h, rows), S)
+
+
 def _fold_kernel(
     # inputs
     slot_ids_ref,  # [B] int32
@@ -58,36 +96,12 @@ def _fold_kernel(
   del ssm_in_ref  # the same buffer as ssm_ref
   row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   slot, count, base = slot_ids_ref[row], count_ref[row], cache_base_ref[row]
-  kh = h // gqa_ratio
-  K = ssm_ref.shape[-1]
 
   def fold_tile(jj, carry):
-    vs = pl.ds((j * v_blocks + jj) * block_v, block_v)
-
-    def record(i):  # the raw inputs of record i (k still raw: normalised where it is used)
-      p = (base + i) & (ring_len - 1)
-      return (tile.load(ring_rawk_ref, (slot, kh, p), K, k_chunk),
-              ring_rawv_ref[slot, h, p, vs].astype(jnp.float32),
-              ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])
-
-    def update(S, rec):
-      k, v, g, beta = rec
-      return tile.delta_rule_step(S, tile.l2_normalize(k, compiled=compiled), v, g, beta,
-                                  compiled=compiled)[0]
-
-    S = tile.load(ssm_ref, (slot, h, vs), K, k_chunk)
-    if prefetch:
-      # Record i + 1 is loaded before record i is applied, so its memory latency hides behind
-      # the update; the last load reads a ring entry it never uses (in bounds: index mod L).
-      def step(i, carry):
-        S, rec = carry
-        nxt = record(i + 1)
-        return update(S, rec), nxt
-
-      S, _ = jax.lax.fori_loop(0, count, step, (S, record(0)))
-    else:
-      S = jax.lax.fori_loop(0, count, lambda i, S: update(S, record(i)), S)
-    tile.store(ssm_ref, (slot, h, vs), S)
+    fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, slot=slot, h=h,
+              kh=h // gqa_ratio, rows=pl.ds((j * v_blocks + jj) * block_v, block_v),
+              count=count, base=base, ring_len=ring_len, k_chunk=k_chunk, prefetch=prefetch,
+              compiled=compiled)
     return carry
 
   @pl.when((slot >= 0) & (count > 0))

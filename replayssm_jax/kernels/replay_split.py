@@ -36,13 +36,16 @@ products exact fp32, as in the UT form.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
 from replayssm_jax.config import next_power_of_two
+from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm
 from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_mask, history_weights,
                                                 load_gates, load_keys, masked, scatter_records,
@@ -53,6 +56,7 @@ from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_mask, histo
 COEFFICIENT_WARPS = 1
 COEFFICIENT_KEY_HEADS = 1  # key heads per program of the coefficients kernel
 COEFFICIENT_STACKED = False  # one dot over [q_hat; k_hat] (True) or one each
+STREAM_FOLD_BLOCK_V: int | None = None  # see `stream_fold_block_v`
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -174,18 +178,35 @@ def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, rin
   return scratch, rings
 
 
+class StreamFold(NamedTuple):
+  """How the stream kernel folds a flush row's records into its checkpoint tile first: in
+  ``[block_v, K]`` tiles held as K-chunks of ``k_chunk`` (the recurrent kernels' tuning, for
+  the bitwise tie), through `fold.fold_rows`."""
+
+  block_v: int
+  k_chunk: int
+  prefetch: bool
+  compiled: bool
+
+
 def _stream_kernel(
     slot_ids_ref, write_pos_ref, cache_base_ref,  # [B] int32
     v_ref,  # [B, T, HV, V] activation
-    ssm_ref,  # [slots, HV, V, K] f32, read only
+    ssm_in_ref,  # [slots, HV, V, K] f32: read only, or aliased with ssm_out (with `fold`)
     x_ref, zh_ref, zt_ref, eq_ref,  # the coefficients kernel's scratch
     ring_d_ref,  # [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref)
     ring_rawv_ref,  # [slots, HV, L, V] activation (aliased; not read)
-    o_ref,  # [B, T, HV, V] activation
-    ring_d_out_ref, ring_rawv_out_ref,
-    *, T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
-    precision_t):
-  del ring_rawv_ref  # written only, through the aliased output
+    *refs,  # with `fold`: fold_count, fold_base [B] int32, ring_rawk, ring_g, ring_beta
+    # outputs: o [B, T, HV, V] activation, ring_d_out, ring_rawv_out (, ssm_out with `fold`)
+    T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
+    precision_t, fold: StreamFold | None):
+  del ring_rawv_ref  # read and written through the aliased output
+  if fold is None:
+    o_ref, ring_d_out_ref, ring_rawv_out_ref = refs
+    ssm_ref = ssm_in_ref
+  else:
+    (fold_count_ref, fold_base_ref, ring_rawk_ref, ring_g_ref, ring_beta_ref,
+     o_ref, ring_d_out_ref, ring_rawv_out_ref, ssm_ref) = refs
   p = tile_program(slot_ids_ref, o_ref, T=T, gqa_ratio=gqa_ratio, block_v=block_v)
   row, h, kh, slot, vs, tok = p.row, p.h, p.kh, p.slot, p.vs, p.tok
   K = ssm_ref.shape[-1]
@@ -194,6 +215,10 @@ def _stream_kernel(
   @pl.when(slot >= 0)
   def _stream():
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
+    if fold is not None:
+      _fold_tile_first(ssm_ref, ring_rawk_ref, ring_rawv_out_ref, ring_g_ref, ring_beta_ref,
+                       fold, slot=slot, h=h, kh=kh, first_row=p.j * block_v, rows=block_v,
+                       count=fold_count_ref[row], base=fold_base_ref[row], L=L)
 
     def chunk(c, Y):  # Y += X[:, chunk] S0[:, chunk]^T: a loop Triton software-pipelines
       ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
@@ -217,13 +242,35 @@ def _stream_kernel(
     store_rows(ring_rawv_out_ref, (slot, h, phys, p.rows_v[1]), v_raw, p.mask_v)
 
 
+def _fold_tile_first(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
+                     fold: StreamFold, *, slot, h, kh, first_row, rows: int, count, base, L: int):
+  """Fold ``count`` records into the stream program's checkpoint rows, in place, before the
+  stream reads them: a flush row's checkpoint is read and written once, not read a second
+  time by a stream after a separate fold kernel."""
+
+  @pl.when(count > 0)
+  def _fold():
+    def fold_tile(t, carry):
+      fold_kernels.fold_rows(
+          ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, slot=slot, h=h,
+          kh=kh, rows=pl.ds(first_row + t * fold.block_v, fold.block_v), count=count,
+          base=base, ring_len=L, k_chunk=fold.k_chunk, prefetch=fold.prefetch,
+          compiled=fold.compiled)
+      return carry
+
+    jax.lax.fori_loop(0, rows // fold.block_v, fold_tile, 0)
+    if fold.compiled:  # the stream's threads read what other threads of the program stored
+      pltriton.debug_barrier()
+
+
 COEFFICIENTS = ("pallas", "xla")
 
 
-@functools.partial(jax.jit, static_argnames=("tuning", "dot_precision", "interpret",
-                                             "coefficients", "coefficient_warps",
-                                             "coefficient_key_heads",
-                                             "coefficient_stacked"))
+_SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
+                 "coefficient_key_heads", "coefficient_stacked")
+
+
+@functools.partial(jax.jit, static_argnames=_SPLIT_STATIC)
 def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                         q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
                         tuning: KernelTuning, dot_precision: str, interpret: bool,
@@ -239,6 +286,76 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   ``"xla"``, batched XLA ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
+  o, _, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
+                       (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base), None,
+                       tuning=tuning, fold=None, dot_precision=dot_precision,
+                       interpret=interpret, coefficients=coefficients,
+                       coefficient_warps=coefficient_warps,
+                       coefficient_key_heads=coefficient_key_heads,
+                       coefficient_stacked=coefficient_stacked)
+  return o, *rings
+
+
+@functools.partial(jax.jit, static_argnames=(*_SPLIT_STATIC, "fold_tuning", "fold_block_v",
+                                             "prefetch"))
+def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                             q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
+                             fold_count, fold_base, *, tuning: KernelTuning,
+                             fold_tuning: KernelTuning, dot_precision: str, interpret: bool,
+                             fold_block_v: int | None = None, prefetch: bool | None = None,
+                             coefficients: str = "pallas",
+                             coefficient_warps: int = COEFFICIENT_WARPS,
+                             coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
+                             coefficient_stacked: bool = COEFFICIENT_STACKED):
+  """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
+  `replay_verify_split`, with the fold inside the stream kernel.
+
+  A folding row's stream programs replay its records into their checkpoint rows in place
+  (`fold.fold_rows` in ``[fold_block_v, K]`` tiles, by default `STREAM_FOLD_BLOCK_V` or else
+  ``fold_tuning.block_v``, at most the stream's, held as ``fold_tuning.k_chunk`` chunks), then
+  read them for the
+  window. Rows are independent, so the tile height does not change the bits; the K-chunks and
+  their lanes do (`tile`). ``write_pos`` and ``cache_base`` are the cursors after the fold
+  (the coefficients see no history for a folded row). ``ssm`` is aliased: updated in place.
+
+  Returns:
+    ``(o, ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``.
+  """
+  fold_block_v = fold_block_v or stream_fold_block_v(tuning, fold_tuning)
+  if fold_block_v < 1 or tuning.block_v % fold_block_v:
+    raise ValueError(f"the stream's block_v={tuning.block_v} must be a multiple of the fold's "
+                     f"block_v={fold_block_v}.")
+  fold = StreamFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
+                    prefetch=fold_kernels.FOLD_PREFETCH if prefetch is None else prefetch,
+                    compiled=not interpret)
+  o, ssm, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
+                         (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base),
+                         (fold_count, fold_base), tuning=tuning, fold=fold,
+                         dot_precision=dot_precision, interpret=interpret,
+                         coefficients=coefficients, coefficient_warps=coefficient_warps,
+                         coefficient_key_heads=coefficient_key_heads,
+                         coefficient_stacked=coefficient_stacked)
+  return o, ssm, *rings
+
+
+def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
+  """Rows of the tiles the stream kernel folds in: `STREAM_FOLD_BLOCK_V` if set, else as many
+  per warp as the recurrent kernels' (``fold_tuning``) tiles have, so a chunk is laid out
+  alike (0 if no whole number of them)."""
+  if STREAM_FOLD_BLOCK_V:
+    return STREAM_FOLD_BLOCK_V
+  rows_per_warp, rest = divmod(fold_tuning.block_v, fold_tuning.num_warps)
+  return 0 if rest else rows_per_warp * tuning.num_warps
+
+
+def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
+           fold: StreamFold | None, dot_precision: str, interpret: bool, coefficients: str,
+           coefficient_warps: int, coefficient_key_heads: int, coefficient_stacked: bool):
+  """The two launches; ``fold_rows = (fold_count, fold_base)`` with ``fold``, else None.
+  Returns ``(o, ssm, rings)``."""
+  ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv = rings
+  q, k, v, a, b, A_log, dt_bias = window
+  slot_ids, write_pos, cache_base = cursors
   if coefficients not in COEFFICIENTS:
     raise ValueError(f"coefficients={coefficients!r} is unknown; use one of {COEFFICIENTS}.")
   B, T, H, K = q.shape
@@ -273,18 +390,24 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
         name=f"replay_coefficients_T{T}",
     )(*inputs)
 
-  inputs = (slot_ids, write_pos, cache_base, v, ssm, *scratch, ring_d, ring_rawv)
-  o, ring_d, ring_rawv = pl.pallas_call(
+  inputs = [slot_ids, write_pos, cache_base, v, ssm, *scratch, ring_d, ring_rawv]
+  out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (v, ring_d, ring_rawv)]
+  aliases = {len(inputs) - 2: 1, len(inputs) - 1: 2}  # ring_d, ring_rawv
+  if fold is not None:  # the folded checkpoint is a fourth output, in place
+    inputs += [*fold_rows, ring_rawk, ring_g, ring_beta]
+    out_shape.append(jax.ShapeDtypeStruct(ssm.shape, ssm.dtype))
+    aliases[4] = 3
+  o, ring_d, ring_rawv, *folded = pl.pallas_call(
       functools.partial(_stream_kernel, block_v=tuning.block_v, k_chunk=kc,
                         precision_k=mma(dot_precision, kc), precision_l=mma(dot_precision, L),
-                        **common),
-      out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype),
-                 jax.ShapeDtypeStruct(ring_d.shape, ring_d.dtype),
-                 jax.ShapeDtypeStruct(ring_rawv.shape, ring_rawv.dtype)),
+                        fold=fold, **common),
+      out_shape=tuple(out_shape),
       grid=(B, HV, V // tuning.block_v),
-      input_output_aliases={len(inputs) - 2: 1, len(inputs) - 1: 2},
+      input_output_aliases=aliases,
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
-      name=f"replay_stream_T{T}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}",
+      name=f"replay_stream_T{T}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
+           f"{'_fold' if fold else ''}",
   )(*inputs)
-  return o, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv
+  return o, (folded[0] if folded else ssm), (ring_d, ring_k, ring_g, ring_beta, ring_rawk,
+                                             ring_rawv)

@@ -343,6 +343,50 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   """
   args = (ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
           q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
+  form = _checked_form(args, tuning, dot_precision, form)
+  if form.startswith("split"):
+    return replay_split.replay_verify_split(
+        *args, tuning=tuning, dot_precision=dot_precision, interpret=interpret,
+        coefficients="xla" if form == "split-xla" else "pallas")
+  return _replay_verify_call(*args, tuning=tuning, dot_precision=dot_precision,
+                             interpret=interpret, form=form)
+
+
+def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                           q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
+                           fold_count, fold_base, *, tuning: KernelTuning,
+                           fold_tuning: KernelTuning, dot_precision: str, interpret: bool,
+                           form: str | None = None):
+  """`fold.fold` of ``fold_count[b]`` records (ring index ``fold_base[b]`` on), then
+  `replay_verify`, in the split form's two launches: the stream kernel folds a row's
+  checkpoint tile in place before it reads it (`replay_split.fold_replay_verify_split`).
+
+  Args: as `replay_verify`, with ``write_pos`` and ``cache_base`` the cursors after the fold,
+  and ``fold_tuning`` the recurrent kernels' tuning (the fold's bitwise tie); ``ssm`` is
+  updated in place. Only the split forms fold (``form`` None picks `backend.replay_form`).
+
+  Returns:
+    ``(o, ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``.
+  """
+  args = (ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+          q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
+  form = _checked_form(args, tuning, dot_precision, form)
+  if not form.startswith("split"):
+    raise ValueError(f"form={form!r} has no fold; fold_and_replay_verify needs a split form.")
+  for name, x in (("fold_count", fold_count), ("fold_base", fold_base)):
+    if x.shape != slot_ids.shape or x.dtype != jnp.int32:
+      raise ValueError(f"{name} is {jnp.dtype(x.dtype).name}{list(x.shape)}; expected "
+                       f"int32{list(slot_ids.shape)}.")
+  fold_tuning.check(v.shape[-1], q.shape[-1])
+  return replay_split.fold_replay_verify_split(
+      *args, fold_count, fold_base, tuning=tuning, fold_tuning=fold_tuning,
+      dot_precision=dot_precision, interpret=interpret,
+      coefficients="xla" if form == "split-xla" else "pallas")
+
+
+def _checked_form(args, tuning: KernelTuning, dot_precision: str, form: str | None) -> str:
+  """Check the inputs and knobs of a replay verify; the form to run."""
+  q, v = args[7], args[9]
   _check_inputs(*args)
   tuning.check(v.shape[-1], q.shape[-1])
   if dot_precision not in DOT_PRECISIONS:
@@ -353,12 +397,7 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   form = form or replay_form(q.shape[1], q.shape[0])
   if form not in FORMS:
     raise ValueError(f"form={form!r} is unknown; use one of {FORMS}.")
-  if form.startswith("split"):
-    return replay_split.replay_verify_split(
-        *args, tuning=tuning, dot_precision=dot_precision, interpret=interpret,
-        coefficients="xla" if form == "split-xla" else "pallas")
-  return _replay_verify_call(*args, tuning=tuning, dot_precision=dot_precision,
-                             interpret=interpret, form=form)
+  return form
 
 
 # ----------------------------------------------------------------------------- reference
