@@ -11,8 +11,9 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
 - ``"replayssm"`` (`ReplayCache`): verify first folds the rows marked ``is_flush``
   (exact replay of their committed raw records into the checkpoint), then computes
   the window outputs from checkpoint + ring history and appends the window's
-  records; commit only moves cursors. A step in which no row folds skips the fold
-  kernel on the device (`SKIP_IDLE_FOLD`), as most decode and verify steps do.
+  records; commit only moves cursors. On the Pallas split form (B >= 16 windows, B >= 64
+  decode) the fold runs inside the replay verify's checkpoint stream (`FUSE_FOLD`); otherwise
+  it is a kernel of its own, skipped on the device when no row folds (`SKIP_IDLE_FOLD`).
 
 The fold retires what it folded at once (``cache_base += write_pos``, ``write_pos = 0``,
 ``is_flush = False``: SGLang's "finish fold"), after which DESIGN's commit formula
@@ -79,7 +80,10 @@ _jit = functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("c
 SKIP_IDLE_FOLD = True
 # Whether the Pallas split replay verify folds the flush rows in its stream kernel, where the
 # checkpoint is read anyway (`replay_verify.fold_and_replay_verify`), in place of a separate
-# fold launch before it. H200 measurements in benchmarks/NOTES.md run 9.
+# fold launch before it. H200, B=256 (benchmarks/NOTES.md run 9): the mixed-phase step 446 ->
+# 392 us and an all-flush step 766 -> 714, but a step in which no row folds 210 -> 231 (the
+# fold's code costs the stream occupancy) and the decode cycle 213 -> 214. Skipping the fused
+# stream for such steps with a `lax.cond` made XLA copy the rings, so there is no skip.
 FUSE_FOLD = True
 
 
