@@ -26,6 +26,10 @@ so the work splits:
    pipelines the checkpoint loads (``num_stages``) into the tensor-core dots, then the three
    small products above; it writes the outputs and the d and raw v records.
 
+`fold_replay_verify_split` first folds a step's flush rows inside the stream: a folding row's
+programs replay its committed records into their checkpoint tiles (`fold.fold_rows`, the exact
+fold's own loop) and then stream them, so its checkpoint is read and written once.
+
 Same contract as `replay_verify.replay_verify` (the ``"split"`` form): ``ssm`` is only read,
 the window's records go to ``phys(write_pos + s)``, every other ring entry stays bitwise as it
 was, a padding row (slot -1) gets zero outputs and writes nothing. Precision: the K and L
@@ -311,12 +315,17 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   `replay_verify_split`, with the fold inside the stream kernel.
 
   A folding row's stream programs replay its records into their checkpoint rows in place
-  (`fold.fold_rows` in ``[fold_block_v, K]`` tiles, by default `STREAM_FOLD_BLOCK_V` or else
-  ``fold_tuning.block_v``, at most the stream's, held as ``fold_tuning.k_chunk`` chunks), then
-  read them for the
-  window. Rows are independent, so the tile height does not change the bits; the K-chunks and
-  their lanes do (`tile`). ``write_pos`` and ``cache_base`` are the cursors after the fold
-  (the coefficients see no history for a folded row). ``ssm`` is aliased: updated in place.
+  (`fold.fold_rows` in ``[fold_block_v, K]`` tiles held as ``fold_tuning.k_chunk`` chunks,
+  ``prefetch`` as `fold.fold`), then stream them for the window. ``write_pos`` and
+  ``cache_base`` are the cursors after the fold (the coefficients see no history for a folded
+  row). ``ssm`` is aliased: updated in place.
+
+  The bitwise tie: rows are independent, but the order of each sum over K follows how Triton
+  lays a ``[fold_block_v, k_chunk]`` chunk over the program's threads. The default,
+  `stream_fold_block_v`, gives each of the stream's warps as many rows as a warp of the
+  recurrent kernels holds, so both get the same layout (H200, K=V=128: bitwise, and so are
+  32-row tiles; benchmarks/NOTES.md run 9). Another ``fold_block_v`` may lay K out otherwise:
+  `bench.sweep` checks it.
 
   Returns:
     ``(o, ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``.
