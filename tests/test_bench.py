@@ -139,10 +139,11 @@ def test_sweep_stream_fold_smoke(tmp_path):
 
 
 def test_profile_runs_each_kernel(capsys):
-  """`bench.profile` (the ncu target) launches the replay verify at T=4 and 1 and the fold."""
+  """`bench.profile` (the ncu target) launches the replay verify at T=4 and 1, the fold and a
+  mixed-phase verify step."""
   from replayssm_jax.bench import profile
 
   assert profile.main(["--tiny", "--batch", "3", "--calls", "1"]) == 0
   out = capsys.readouterr().out
-  for what in ("replay verify T=4", "replay verify T=1", "fold"):
+  for what in ("replay verify T=4", "replay verify T=1", "fold", "mixed-phase verify step"):
     assert f"{what}: 2 calls" in out, out

@@ -8,10 +8,13 @@ between but the inputs' set-up, so a profiler filtered by kernel name sees only 
         python -m replayssm_jax.bench.profile --batch 256
 
 (run 8 in benchmarks/NOTES.md; ``--launch-skip 2`` passes over the warm-up call of the T=4
-coefficients and stream).
+coefficients and stream). The stream that folds, alone: ``-k regex:'stream.*_fold'
+--launch-skip 1 --launch-count 2``.
 
 Launches, in order: the replay verify at write_pos 8 (T=4: coefficients + stream), the
-replay decode at write_pos 8 (T=1), and the exact fold of 12 records.
+replay decode at write_pos 8 (T=1), the exact fold of 12 records, and (Pallas) a whole
+`ssm.verify` step with rows in mixed phases, whose stream kernel folds a third of the rows
+(``replay_stream_T4_..._fold``; `ssm.FUSE_FOLD`).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replayssm_jax import SpecConfig
-from replayssm_jax.bench.kernels import GEOMETRY, TINY, _inputs, _replay_cache, _window, kernels_for
+from replayssm_jax import SpecConfig, ssm
+from replayssm_jax.bench.kernels import (GEOMETRY, TINY, _cursors, _inputs, _replay_cache,
+                                         _restoring, _window, kernels_for)
 from replayssm_jax.kernels import replay_verify as replay_kernels
 
 
@@ -72,6 +76,16 @@ def main(argv=None) -> int:
   for _ in range(1 + args.calls):
     cache = jax.block_until_ready(fold(cache))
   print(f"fold: {1 + args.calls} calls", flush=True)
+
+  if args.backend == "pallas":  # the mixed-phase step of `bench.kernels`: a third folding
+    spec = SpecConfig(draft_tokens=4, ring_len=L, verify_mode="replayssm", backend="pallas")
+    rows = np.arange(B) % 3
+    cache = _replay_cache(rng, gdn, spec, B, np.array([L - 4, 4, 8])[rows], rows == 0)
+    x = _inputs(rng, B, 4, gdn)
+    step = _restoring(lambda c: ssm.verify(c, *_window(x), slot_ids, spec)[1], _cursors)
+    for _ in range(1 + args.calls):
+      cache = jax.block_until_ready(step(cache))
+    print(f"mixed-phase verify step: {1 + args.calls} calls", flush=True)
   return 0
 
 
