@@ -197,13 +197,13 @@ def sweep_fold(gdn, B, reps, n_fold=12):
                empty_us=round(t0.median_us, 1))
 
 
-STREAM_FOLD_BLOCK_V = (32, 64)  # rows of the tiles the stream kernel folds in
+STREAM_FOLD_TILES = (32, 64)  # rows of the tiles the stream kernel folds in, beside the default
 
 
 def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4):
-  """The fold inside the split verify's stream kernel (`replay_split.fold_replay_verify_split`)
-  per fold tile height (`STREAM_FOLD_BLOCK_V`): every row folding ``n_fold`` records and then
-  verifying a T-token window, checked bitwise against the recurrent state and timed against
+  """The fold inside the split verify's stream kernel (`replay_split.fold_replay_verify_split`) per
+  fold tile height (`STREAM_FOLD_TILES` and the default): every row folding ``n_fold`` records and
+  then verifying a T-token window, checked bitwise against the recurrent state and timed against
   the fold kernel followed by the split verify (`apart_us`); and no row folding (`idle_us`),
   against the split verify alone (`plain_us`): what the fold's code costs the stream."""
   rng = np.random.default_rng(3)
@@ -231,7 +231,7 @@ def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4):
 
   apart_t, _ = time_calls(jax.jit(apart, donate_argnums=0), fresh(), reps=reps)
   plain_t, _ = time_calls(jax.jit(lambda c: verify(*c), donate_argnums=0), fresh(), reps=reps)
-  candidates = {replay_split.stream_fold_block_v(stream, tuning), *STREAM_FOLD_BLOCK_V}
+  candidates = {replay_split.stream_fold_block_v(stream, tuning), *STREAM_FOLD_TILES}
   for fold_block_v in sorted(n for n in candidates if 0 < n <= stream.block_v):
 
     def fused(c, counts, fbv=fold_block_v):

@@ -60,7 +60,6 @@ from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_mask, histo
 COEFFICIENT_WARPS = 1
 COEFFICIENT_KEY_HEADS = 1  # key heads per program of the coefficients kernel
 COEFFICIENT_STACKED = False  # one dot over [q_hat; k_hat] (True) or one each
-STREAM_FOLD_BLOCK_V: int | None = None  # see `stream_fold_block_v`
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -348,11 +347,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
 
 
 def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
-  """Rows of the tiles the stream kernel folds in: `STREAM_FOLD_BLOCK_V` if set, else as many
-  per warp as the recurrent kernels' (``fold_tuning``) tiles have, so a chunk is laid out
-  alike (0 if no whole number of them)."""
-  if STREAM_FOLD_BLOCK_V:
-    return STREAM_FOLD_BLOCK_V
+  """Rows of the tiles the stream kernel folds in: as many per warp as the recurrent kernels'
+  (``fold_tuning``) tiles have, so a chunk is laid out alike (0 if no whole number of them)."""
   rows_per_warp, rest = divmod(fold_tuning.block_v, fold_tuning.num_warps)
   return 0 if rest else rows_per_warp * tuning.num_warps
 
