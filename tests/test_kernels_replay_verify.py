@@ -19,7 +19,7 @@ import pytest
 
 from conftest import HAS_GPU, TOLERANCE, rel_err
 from replayssm_jax import reference
-from replayssm_jax.kernels import fold, replay_split
+from replayssm_jax.kernels import fold, replay_parts, replay_split
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.recurrent import token_inputs
 from replayssm_jax.kernels.replay_verify import (FORMS, RING_NAMES, fold_and_replay_verify,
@@ -271,18 +271,30 @@ def test_split_coefficients_key_heads(c: Case, interpret):
                                      coefficient_key_heads=3)
 
 
-@pytest.mark.parametrize("c", [CASES[0], CASES[7]], ids=[CASES[0].id, CASES[7].id])
-def test_split_coefficients_stacked(c: Case, interpret):
-  """The key products as one dot over [q_hat; k_hat] or one dot each: the same records to the
-  bit but the window's d's, the same outputs and d's within the dots' rounding."""
+COEFFICIENT_VARIANTS = dict(stacked=dict(coefficient_stacked=True),
+                            all_dots=dict(coefficient_inline=None),
+                            single_rows_inline=dict(coefficient_inline=0))
+
+
+DECODE_CASE = dataclasses.replace(CASES[0], T=1, why="a decode window: every product a row")
+
+
+@pytest.mark.parametrize("variant", COEFFICIENT_VARIANTS)
+@pytest.mark.parametrize("c", [CASES[0], DECODE_CASE, CASES[7]],
+                         ids=[CASES[0].id, DECODE_CASE.id, CASES[7].id])
+def test_split_coefficients_variants(c: Case, variant, interpret):
+  """The coefficients kernel's other ways to form its products (the key products as one dot
+  over [q_hat; k_hat]; no product written out; only single rows written out) against the
+  default: the same records to the bit but the window's d's, the same outputs and d's within
+  the products' rounding."""
   inp = make_inputs(c)
   valid = np.asarray(inp["slot_ids"]) >= 0
-  apart, stacked = (replay_split.replay_verify_split(
+  default, other = (replay_split.replay_verify_split(
       **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
-      interpret=interpret, coefficient_stacked=x) for x in (False, True))
+      interpret=interpret, **kw) for kw in ({}, COEFFICIENT_VARIANTS[variant]))
   f32 = lambda x: np.asarray(x, np.float32)
-  assert rel_err(f32(apart[0][valid]), f32(stacked[0][valid])) <= c.tol
-  for name, x, y in zip(RING_NAMES, apart[1:], stacked[1:]):
+  assert rel_err(f32(default[0][valid]), f32(other[0][valid])) <= c.tol
+  for name, x, y in zip(RING_NAMES, default[1:], other[1:]):
     if name == "ring_d":  # the window's d's carry the dots' rounding, as the outputs do
       x, y = f32(x), f32(y)
       np.testing.assert_array_equal(np.isnan(x), np.isnan(y))  # the poisoned entries
@@ -402,3 +414,24 @@ def test_interpret_flag_reaches_pallas_call():
   inp = make_inputs(Case(1, 1, 2, 1, 1, 16, 16, 16))
   with pytest.raises(ValueError, match="interpret"):
     replay_verify(**inp, tuning=KernelTuning(block_v=16), dot_precision="ieee", interpret=False)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 128, 16), (4, 128, 4), (4, 4, 16), (8, 16, 2)])
+def test_inline_products_match_dots(m, k, n):
+  """`replay_parts.dot` and `dot_nt` written out as a multiply and a sum: the product of a dot
+  in fp32 (against float64), and written out exactly when `inlines` says so."""
+  rng = np.random.default_rng(m * k * n)
+  x, y = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+  exact = x @ y
+  hp = jax.lax.Precision.HIGHEST
+  for inline in (None, 0, m * k * n - 1, m * k * n):
+    got = replay_parts.dot(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32), hp, inline)
+    got_nt = replay_parts.dot_nt(jnp.asarray(x, jnp.float32), jnp.asarray(y.T, jnp.float32), hp,
+                                 inline)
+    for g in (got, got_nt):
+      assert g.shape == (m, n) and g.dtype == jnp.float32
+      assert rel_err(np.asarray(g, np.float64), exact) <= 1e-6
+  assert not replay_parts.inlines(m, k, n, None)
+  assert replay_parts.inlines(m, k, n, m * k * n)
+  assert replay_parts.inlines(m, k, n, 0) == (m == 1 or n == 1)  # a single row or column
+  assert replay_parts.inlines(m, k, n, m * k * n - 1) == (m == 1 or n == 1)

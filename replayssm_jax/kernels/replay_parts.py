@@ -49,15 +49,34 @@ def masked(x, valid):
   return jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
 
 
-def dot(x, y, precision):
-  """``x @ y`` with fp32 accumulation (``precision``: `backend.mma_algorithm`)."""
+def dot(x, y, precision, inline: int | None = None):
+  """``x @ y`` with fp32 accumulation (``precision``: `backend.mma_algorithm`).
+
+  ``inline``: write the product out as a broadcast multiply and a sum, exact fp32, when it has
+  at most ``inline`` multiplies or no more than its larger operand has elements (see
+  `inlines`); None: always a dot.
+  """
+  if inlines(x.shape[0], x.shape[1], y.shape[1], inline):
+    return jnp.sum(x.astype(jnp.float32)[:, :, None] * y.astype(jnp.float32)[None, :, :], axis=1)
   return jnp.dot(x, y, precision=precision, preferred_element_type=jnp.float32)
 
 
-def dot_nt(x, y, precision):
-  """``x @ y^T``, contracting the last axes, with fp32 accumulation."""
+def dot_nt(x, y, precision, inline: int | None = None):
+  """``x @ y^T``, contracting the last axes, with fp32 accumulation (``inline`` as `dot`)."""
+  if inlines(x.shape[0], x.shape[1], y.shape[0], inline):
+    return jnp.sum(x.astype(jnp.float32)[:, None, :] * y.astype(jnp.float32)[None, :, :], axis=2)
   return jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())), precision=precision,
                              preferred_element_type=jnp.float32)
+
+
+def inlines(m: int, k: int, n: int, inline: int | None) -> bool:
+  """Whether an ``[m, k] @ [k, n]`` product is written out (`dot`'s ``inline``).
+
+  Triton runs a dot of fewer than 16 rows on the CUDA cores anyway, and stages both operands
+  through shared memory first; a product no larger than an operand (a single row or column)
+  costs no more registers than that operand already holds.
+  """
+  return inline is not None and m * k * n <= max(inline, m * k, k * n)
 
 
 def store_rows(ref, idx, value, mask):

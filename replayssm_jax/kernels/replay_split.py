@@ -60,6 +60,10 @@ from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_mask, histo
 COEFFICIENT_WARPS = 1
 COEFFICIENT_KEY_HEADS = 1  # key heads per program of the coefficients kernel
 COEFFICIENT_STACKED = False  # one dot over [q_hat; k_hat] (True) or one each
+# Products of the coefficients kernel written out as a multiply and a sum (`replay_parts.dot`'s
+# ``inline``): those of at most this many multiplies, and single rows; None: all dots. H200,
+# B=256 (benchmarks/NOTES.md run 10): 51 -> 40 us at T=4, 23 -> 18 us at T=1.
+COEFFICIENT_INLINE = 2048
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -76,8 +80,8 @@ def _coefficients_kernel(
     zt_ref,  # [B, HV, 3, T_pad, T_pad] f32: P, Dy, M
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
-    *, T: int, L: int, gqa_ratio: int, key_heads: int, stacked: bool, scale: float, precision_k,
-    precision_t):
+    *, T: int, L: int, gqa_ratio: int, key_heads: int, stacked: bool, inline: int | None,
+    scale: float, precision_k, precision_t):
   """One program per (row, ``key_heads`` key heads): per key head the key-side products once,
   then each of its value heads."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
@@ -92,11 +96,12 @@ def _coefficients_kernel(
     k_hist = masked(ring_k_ref[slot, kh, :, :], valid)
     if stacked:  # one dot over [q_hat; k_hat] (`WindowKeys.X`), its product split in two
       X = win.X
-      XK_q, XK_k = jnp.split(dot_nt(X, k_hist, precision_k), 2, axis=0)
-      qk, kk = jnp.split(dot_nt(X, win.k_hat, precision_t), 2, axis=0)
+      XK_q, XK_k = jnp.split(dot_nt(X, k_hist, precision_k, inline), 2, axis=0)
+      qk, kk = jnp.split(dot_nt(X, win.k_hat, precision_t, inline), 2, axis=0)
     else:  # q_hat and k_hat apart: no stacking and splitting of tiles through shared memory
-      XK_q, XK_k = (dot_nt(x, k_hist, precision_k) for x in (win.q_hat, win.k_hat))  # [T_pad, L]
-      qk, kk = (dot_nt(x, win.k_hat, precision_t) for x in (win.q_hat, win.k_hat))
+      XK_q, XK_k = (dot_nt(x, k_hist, precision_k, inline)  # [T_pad, L]
+                    for x in (win.q_hat, win.k_hat))
+      qk, kk = (dot_nt(x, win.k_hat, precision_t, inline) for x in (win.q_hat, win.k_hat))
     phys = ((cache_base + write_pos + win.tok) & (L - 1))[:, None]  # [T_pad, 1]
 
     for i in range(gqa_ratio):  # the value heads of this key head
@@ -107,7 +112,7 @@ def _coefficients_kernel(
       Gamma, decay, Tinv = window_solve(gates.g_win, gates.beta_win, kk, T)
       exp_gamma = jnp.exp(Gamma)
       E = Tinv * (gates.beta_win * exp_gamma)[None, :]
-      zh_ref[row, h, pl.ds(0, T_pad), :] = -dot(E, C_k, precision_t)  # Dh
+      zh_ref[row, h, pl.ds(0, T_pad), :] = -dot(E, C_k, precision_t, inline)  # Dh
       zh_ref[row, h, pl.ds(T_pad, T_pad), :] = exp_gamma[:, None] * C_q  # Oh
       zt_ref[row, h, _P] = Tinv * gates.beta_win[None, :]
       zt_ref[row, h, _DY] = -decay_all * E
@@ -267,10 +272,14 @@ def _fold_tile_first(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_bet
 
 
 COEFFICIENTS = ("pallas", "xla")
+# Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
+# Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
+# (707 -> 733), and the decode cycle lost 1.5-2.3 us (benchmarks/NOTES.md run 10).
+STREAM_FOLD_PREFETCH = True
 
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
-                 "coefficient_key_heads", "coefficient_stacked")
+                 "coefficient_key_heads", "coefficient_stacked", "coefficient_inline")
 
 
 @functools.partial(jax.jit, static_argnames=_SPLIT_STATIC)
@@ -279,13 +288,15 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         tuning: KernelTuning, dot_precision: str, interpret: bool,
                         coefficients: str = "pallas", coefficient_warps: int = COEFFICIENT_WARPS,
                         coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
-                        coefficient_stacked: bool = COEFFICIENT_STACKED):
+                        coefficient_stacked: bool = COEFFICIENT_STACKED,
+                        coefficient_inline: int | None = COEFFICIENT_INLINE):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
   steps ``tuning.k_chunk`` columns. ``coefficients``: ``"pallas"``, the kernel, one program
   of ``coefficient_warps`` per (row, ``coefficient_key_heads`` key heads), its key products
-  as one dot over ``[q_hat; k_hat]`` when ``coefficient_stacked`` (else one each), or
+  as one dot over ``[q_hat; k_hat]`` when ``coefficient_stacked`` (else one each), its small
+  products written out up to ``coefficient_inline`` multiplies (`replay_parts.dot`), or
   ``"xla"``, batched XLA ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
@@ -295,7 +306,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                        interpret=interpret, coefficients=coefficients,
                        coefficient_warps=coefficient_warps,
                        coefficient_key_heads=coefficient_key_heads,
-                       coefficient_stacked=coefficient_stacked)
+                       coefficient_stacked=coefficient_stacked,
+                       coefficient_inline=coefficient_inline)
   return o, *rings
 
 
@@ -309,15 +321,16 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficients: str = "pallas",
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
-                             coefficient_stacked: bool = COEFFICIENT_STACKED):
+                             coefficient_stacked: bool = COEFFICIENT_STACKED,
+                        coefficient_inline: int | None = COEFFICIENT_INLINE):
   """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
   `replay_verify_split`, with the fold inside the stream kernel.
 
   A folding row's stream programs replay its records into their checkpoint rows in place
   (`fold.fold_rows` in ``[fold_block_v, K]`` tiles held as ``fold_tuning.k_chunk`` chunks,
-  ``prefetch`` as `fold.fold`), then stream them for the window. ``write_pos`` and
-  ``cache_base`` are the cursors after the fold (the coefficients see no history for a folded
-  row). ``ssm`` is aliased: updated in place.
+  ``prefetch`` as `fold.fold`, by default `STREAM_FOLD_PREFETCH`), then stream them for the
+  window. ``write_pos`` and ``cache_base`` are the cursors after the fold (the coefficients see
+  no history for a folded row). ``ssm`` is aliased: updated in place.
 
   The bitwise tie: rows are independent, but the order of each sum over K follows how Triton
   lays a ``[fold_block_v, k_chunk]`` chunk over the program's threads. The default,
@@ -334,7 +347,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
     raise ValueError(f"the stream's block_v={tuning.block_v} must be a multiple of the fold's "
                      f"block_v={fold_block_v}.")
   fold = StreamFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
-                    prefetch=fold_kernels.FOLD_PREFETCH if prefetch is None else prefetch,
+                    prefetch=STREAM_FOLD_PREFETCH if prefetch is None else prefetch,
                     compiled=not interpret)
   o, ssm, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
                          (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base),
@@ -342,7 +355,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          dot_precision=dot_precision, interpret=interpret,
                          coefficients=coefficients, coefficient_warps=coefficient_warps,
                          coefficient_key_heads=coefficient_key_heads,
-                         coefficient_stacked=coefficient_stacked)
+                         coefficient_stacked=coefficient_stacked,
+                       coefficient_inline=coefficient_inline)
   return o, ssm, *rings
 
 
@@ -355,7 +369,8 @@ def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
 
 def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
            fold: StreamFold | None, dot_precision: str, interpret: bool, coefficients: str,
-           coefficient_warps: int, coefficient_key_heads: int, coefficient_stacked: bool):
+           coefficient_warps: int, coefficient_key_heads: int, coefficient_stacked: bool,
+           coefficient_inline: int | None):
   """The two launches; ``fold_rows = (fold_count, fold_base)`` with ``fold``, else None.
   Returns ``(o, ssm, rings)``."""
   ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv = rings
@@ -384,7 +399,8 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
     inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
     *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
         functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=coefficient_key_heads,
-                          stacked=coefficient_stacked, precision_k=mma(dot_precision, K),
+                          stacked=coefficient_stacked, inline=coefficient_inline,
+                          precision_k=mma(dot_precision, K),
                           **common),
         out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
         grid=(B, H // coefficient_key_heads),
