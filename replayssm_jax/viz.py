@@ -183,7 +183,7 @@ def series_label(row: dict[str, Any], multi_l: bool) -> str:
 def benchmark_series(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
   """Rows of a results file grouped into series (one per path), each sorted by B.
 
-  A kernel measured at several ring lengths (``rssm_decode_cycle``) gives one series
+  A kernel measured at several ring lengths (the ``rssm_decode_*`` cycles) gives one series
   per L. Whatever kernels and batch sizes the file holds are used; nothing is assumed.
   """
   ls_of: dict[str, set[int]] = {}

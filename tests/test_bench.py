@@ -15,7 +15,7 @@ def test_bench_smoke(tmp_path):
   result = json.loads(out.read_text())
   names = {row["kernel"] for row in result["rows"]}
   assert names == {"rec_verify", "rec_commit", "rec_decode", "rssm_verify", "exact_fold", "rssm_step_nf",
-                   "rssm_step_f", "rssm_step_mixed", "rssm_decode_cycle"}
+                   "rssm_step_f", "rssm_step_mixed", "rssm_decode_cycle", "rssm_decode_spread"}
   for row in result["rows"]:
     assert row["median_us"] > 0 and row["min_bytes"] > 0 and row["wall_us"] > 0
   assert {"date", "device", "jax", "copy_tbps"} <= result.keys()
@@ -136,6 +136,25 @@ def test_sweep_stream_fold_smoke(tmp_path):
   rows = json.loads(out.read_text())["rows"]
   assert rows and all(r["fold_bitwise"] is True and r["fused_us"] > 0 and r["apart_us"] > 0
                       for r in rows)
+  assert {r["prefetch"] for r in rows} == set(sweep.STREAM_FOLD_PREFETCH)
+  assert sum(r["default"] for r in rows) == 1
+
+
+def test_sweep_coefficients_smoke(tmp_path):
+  """``--only coefficients``: the split form's defaults and each coefficients variant, at the
+  verify's and the decode's window, and no other form (tiny, CPU)."""
+  from replayssm_jax.bench import sweep
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "coefficients", "--batch", "2", "--reps", "1",
+                     "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert not [r for r in rows if "error" in r] and all(r["median_us"] > 0 for r in rows)
+  assert {r["kernel"] for r in rows} == {"replay_verify_split_T4", "replay_verify_split_T1"}
+  inline = [r["coefficient_inline"] for r in rows if "coefficient_inline" in r]
+  assert sorted(inline, key=str) == sorted(2 * sweep.COEFFICIENT_INLINE, key=str)
+  plain = [r for r in rows if not any(n.startswith("coefficient_") for n in r)]
+  assert len(plain) == 2  # the defaults, once per window
 
 
 def test_profile_runs_each_kernel(capsys):

@@ -20,8 +20,8 @@ ANCHOR_US = {
 
 
 def _label(row) -> str:
-  if row["kernel"] == "rssm_decode_cycle":
-    return f"rssm_decode_cycle L={row['L']} (per step)"
+  if row["kernel"] in ("rssm_decode_cycle", "rssm_decode_spread"):
+    return f"{row['kernel']} L={row['L']} (per step)"
   if row["wp"] > 0:
     return f"{row['kernel']} (wp={row['wp']})"
   return row["kernel"]

@@ -62,26 +62,29 @@ CANDIDATES = {"pallas": (REPLAY, STATE), "triton": (TRITON_REPLAY, TRITON_STATE)
 COEFFICIENT_WARPS = (1, 2, 4)  # warps of the split form's coefficients kernel
 COEFFICIENT_KEY_HEADS = (2, 4)  # and its key heads per program (1 above)
 COEFFICIENT_STACKED = (True,)  # and one dot over [q_hat; k_hat] (the default: one each)
+COEFFICIENT_INLINE = (None, 0)  # and its products: all dots; only single rows written out
 
 
-def sweep_replay(gdn, B, T, wp, reps, backend="pallas"):
-  """The replay verify per (form, tuning); on Pallas also the split form's coefficients
-  kernel per warp count (`COEFFICIENT_WARPS`), key heads per program
-  (`COEFFICIENT_KEY_HEADS`) and stacked key products (`COEFFICIENT_STACKED`) under the
-  default stream launch."""
+def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True):
+  """The replay verify per (form, tuning) (unless not ``forms``); on Pallas also the split
+  form's coefficients kernel per warp count (`COEFFICIENT_WARPS`), key heads per program
+  (`COEFFICIENT_KEY_HEADS`), stacked key products (`COEFFICIENT_STACKED`) and written-out
+  products (`COEFFICIENT_INLINE`) under the default stream launch."""
   rng = np.random.default_rng(0)
   spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
   x = _inputs(rng, B, T, gdn)
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   model = B * Bytes(gdn, T).rssm_verify(wp, T)
   kern = bench.kernels_for(backend)
-  variants = [(form, tuning, {}) for form, tuning in CANDIDATES[backend][0]]
+  variants = [(form, tuning, {}) for form, tuning in CANDIDATES[backend][0] if forms]
   if backend == "pallas":
     stream = kern.replay_tuning(gdn.head_v_dim, T, B)
+    variants += [] if forms else [("split", stream, {})]  # the defaults, to compare with
     variants += [("split", stream, dict(coefficient_warps=w)) for w in COEFFICIENT_WARPS]
     variants += [("split", stream, dict(coefficient_key_heads=n))
                  for n in COEFFICIENT_KEY_HEADS if gdn.num_k_heads % n == 0]
     variants += [("split", stream, dict(coefficient_stacked=x)) for x in COEFFICIENT_STACKED]
+    variants += [("split", stream, dict(coefficient_inline=x)) for x in COEFFICIENT_INLINE]
   for form, tuning, extra in variants:
     if tuning.block_v > gdn.head_v_dim or (backend == "triton" and (form == "vec") != (T == 1)):
       continue
@@ -198,11 +201,13 @@ def sweep_fold(gdn, B, reps, n_fold=12):
 
 
 STREAM_FOLD_TILES = (32, 64)  # rows of the tiles the stream kernel folds in, beside the default
+STREAM_FOLD_PREFETCH = (True, False)  # and whether it loads record i + 1 before applying record i
 
 
 def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4):
   """The fold inside the split verify's stream kernel (`replay_split.fold_replay_verify_split`) per
-  fold tile height (`STREAM_FOLD_TILES` and the default): every row folding ``n_fold`` records and
+  fold tile height (`STREAM_FOLD_TILES` and the default) and record prefetch
+  (`STREAM_FOLD_PREFETCH`): every row folding ``n_fold`` records and
   then verifying a T-token window, checked bitwise against the recurrent state and timed against
   the fold kernel followed by the split verify (`apart_us`); and no row folding (`idle_us`),
   against the split verify alone (`plain_us`): what the fold's code costs the stream."""
@@ -232,20 +237,23 @@ def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4):
   apart_t, _ = time_calls(jax.jit(apart, donate_argnums=0), fresh(), reps=reps)
   plain_t, _ = time_calls(jax.jit(lambda c: verify(*c), donate_argnums=0), fresh(), reps=reps)
   candidates = {replay_split.stream_fold_block_v(stream, tuning), *STREAM_FOLD_TILES}
-  for fold_block_v in sorted(n for n in candidates if 0 < n <= stream.block_v):
+  tiles = sorted(n for n in candidates if 0 < n <= stream.block_v)
+  for fold_block_v, prefetch in ((n, pf) for n in tiles for pf in STREAM_FOLD_PREFETCH):
 
-    def fused(c, counts, fbv=fold_block_v):
+    def fused(c, counts, fbv=fold_block_v, pf=prefetch):
       ssm, rs = c
       _, ssm, *out = replay_split.fold_replay_verify_split(
           ssm, *(rs[n] for n in RINGS), *_window(x), slot_ids, *after, counts, base,
-          tuning=stream, fold_tuning=tuning, fold_block_v=fbv, dot_precision="default",
-          interpret=interpret)
+          tuning=stream, fold_tuning=tuning, fold_block_v=fbv, prefetch=pf,
+          dot_precision="default", interpret=interpret)
       return ssm, dict(zip(RINGS, out))
 
     fused = jax.jit(fused, donate_argnums=0)
     state = fused(fresh(), count)
+    default = (fold_block_v == replay_split.stream_fold_block_v(stream, tuning)
+               and prefetch == replay_split.STREAM_FOLD_PREFETCH)
     row = dict(kernel=f"stream_fold_T{T}", B=B, n_fold=n_fold, fold_block_v=fold_block_v,
-               default=fold_block_v == replay_split.stream_fold_block_v(stream, tuning),
+               prefetch=prefetch, default=default,
                fold_bitwise=bool(jnp.array_equal(state[0], expected)))
     t, state = time_calls(lambda c: fused(c, count), state, reps=reps)
     idle, _ = time_calls(lambda c: fused(c, jnp.zeros_like(count)), state, reps=reps)
@@ -254,13 +262,17 @@ def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4):
                kernel_us=t.by_kernel(), apart_kernel_us=apart_t.by_kernel())
 
 
+FAMILIES = ("state", "fold", "stream-fold", "replay", "coefficients")
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--reps", type=int, default=15)
   p.add_argument("--out", default="sweep.json")
-  p.add_argument("--only", choices=("state", "fold", "stream-fold", "replay"),
-                 help="sweep one family only")
+  p.add_argument("--only", nargs="+", choices=FAMILIES,
+                 help="sweep these families only (coefficients: the split form's "
+                      "coefficients kernel variants, without the other forms)")
   p.add_argument("--backend", choices=bench.BACKENDS, default="pallas")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="stop after the row that crosses this many seconds")
@@ -270,15 +282,17 @@ def main(argv=None) -> int:
   rows = []
   start = time.monotonic()
   gens = []
-  if args.only in (None, "state"):
+  only = set(args.only or FAMILIES) - ({"coefficients"} if not args.only else set())
+  if "state" in only:
     gens.append(sweep_state(gdn, args.batch, args.reps, backend=args.backend))
-  if args.only in (None, "fold") and args.backend == "pallas":
+  if "fold" in only and args.backend == "pallas":
     gens.append(sweep_fold(gdn, args.batch, args.reps))
-  if args.only in (None, "stream-fold") and args.backend == "pallas":
+  if "stream-fold" in only and args.backend == "pallas":
     gens.append(sweep_stream_fold(gdn, args.batch, args.reps))
-  if args.only in (None, "replay"):
-    gens += [sweep_replay(gdn, args.batch, 4, 8, args.reps, backend=args.backend),
-             sweep_replay(gdn, args.batch, 1, 8, args.reps, backend=args.backend)]
+  if "replay" in only or "coefficients" in only:
+    forms = "replay" in only
+    gens += [sweep_replay(gdn, args.batch, T, 8, args.reps, backend=args.backend, forms=forms)
+             for T in (4, 1)]
   for gen in gens:
     for row in gen:
       rows.append(row)
