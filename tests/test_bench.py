@@ -57,6 +57,7 @@ def test_kernel_table_shows_rows_without_quantiles():
   table = report.kernel_table({"rows": [row, dict(row, B=256, p20_us=456.2, p80_us=458.2)]})
   assert "| 512 | rssm_step_mixed | 881.4 | - |" in table
   assert "| 256 | rssm_step_mixed | 881.4 | 456.2-458.2 |" in table
+  assert table.index("| 256 |") < table.index("| 512 |")  # by B, whatever the file's order
 
 
 def test_kernels_for_names_each_backend():

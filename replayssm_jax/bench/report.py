@@ -28,10 +28,11 @@ def _label(row) -> str:
 
 
 def kernel_table(result: dict) -> str:
-  """One row per (path, B): median, p20-p80, minimal bytes, TB/s, % of copy, anchor."""
+  """One row per (path, B), by B (a file may hold batch sizes of several calls in any order):
+  median, p20-p80, minimal bytes, TB/s, % of copy, anchor."""
   lines = ["| B | path | median us | p20-p80 us | min MB | TB/s | % copy | SGLang anchor us |",
            "|---:|---|---:|---:|---:|---:|---:|---:|"]
-  for row in result["rows"]:
+  for row in sorted(result["rows"], key=lambda r: r["B"]):  # stable: paths keep their order
     anchor = ANCHOR_US.get(row["kernel"], {}).get(row["B"])
     spread = ("-" if row.get("p20_us") is None  # rows recovered from a log: medians only
               else f"{row['p20_us']:.1f}-{row['p80_us']:.1f}")
