@@ -174,6 +174,13 @@ class SpecConfig:
     dot_precision: dots of the replay verify: ``"default"`` (tensor cores: tf32
       or bf16 on GPU), ``"tf32"``, ``"bf16"``, or ``"ieee"`` (exact fp32, for
       ablations). The state update itself is always exact fp32.
+    fold_together: replayssm: when a step folds any row (one marked ``is_flush``), also
+      fold the step's rows with at least this many committed records, so that rows fold
+      in step with each other; ``None``: only the flush rows fold (DESIGN section 3).
+      A fold is exact whenever it runs. The fold replays records one after the other, so a
+      step that folds waits for its longest fold: rows out of phase make many steps do that.
+      H200, decode with rows out of phase, L=16, ``fold_together=8``: B=16 38.9 -> 24.3 us a
+      step, B=256 223 -> 217 (benchmarks/NOTES.md run 10).
   """
 
   draft_tokens: int = 4
@@ -184,6 +191,7 @@ class SpecConfig:
   ring_dtype: jnp.dtype | None = None
   ssm_dtype: jnp.dtype = jnp.float32
   dot_precision: DotPrecision = "default"
+  fold_together: int | None = None
 
   def __post_init__(self):
     T, L = self.draft_tokens, self.ring_len
@@ -205,6 +213,10 @@ class SpecConfig:
       if self.verify_mode == "replayssm":
         fix = max(fix, next_power_of_two(2 * T))  # the fix must also pass the L >= 2T check
       raise ValueError(f"SpecConfig.ring_len={L!r} must be a power of two; try ring_len={fix}.")
+    n = self.fold_together
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= L):
+      raise ValueError(f"SpecConfig.fold_together={n!r} must be None or a record count in "
+                       f"1..ring_len={L} (rows with at least that many records fold along).")
     # Dtypes are normalised so that configs compare and hash by value.
     object.__setattr__(self, "ssm_dtype", jnp.dtype(self.ssm_dtype))
     if self.ring_dtype is not None:

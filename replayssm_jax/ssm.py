@@ -14,6 +14,8 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
   records; commit only moves cursors. On the Pallas split form (B >= 16 windows, B >= 64
   decode) the fold runs inside the replay verify's checkpoint stream (`FUSE_FOLD`); otherwise
   it is a kernel of its own, skipped on the device when no row folds (`SKIP_IDLE_FOLD`).
+  With `SpecConfig.fold_together`, the rows of a step that folds also fold along when they
+  hold that many records, which keeps rows in phase (exact all the same).
 
 The fold retires what it folded at once (``cache_base += write_pos``, ``write_pos = 0``,
 ``is_flush = False``: SGLang's "finish fold"), after which DESIGN's commit formula
@@ -226,18 +228,22 @@ def reset(cache: SSMCache, slot_ids: jax.Array, initial_state: jax.Array, spec: 
   return _set_cursors(cache, slot_ids, zeros, zeros, jnp.full((B,), spec.flush_on_reset))
 
 
-def _fold_plan(cache: ReplayCache, slot_ids):
+def _fold_plan(cache: ReplayCache, slot_ids, spec: SpecConfig):
   """What the step folds: ``(count, cache_base, cursors)``, per row the records to fold (the
-  ``write_pos`` of a flush row, else 0), the ring index of its first, and its cursors
-  ``(write_pos, cache_base, is_flush)`` once the fold has retired them. The cursors are
-  scattered to the slots by the caller, once per step with whatever else the step moves."""
+  ``write_pos`` of a flush row, or of a row folding along with one, `SpecConfig.fold_together`;
+  else 0), the ring index of its first, and its cursors ``(write_pos, cache_base, is_flush)``
+  once the fold has retired them. The cursors are scattered to the slots by the caller, once
+  per step with whatever else the step moves."""
   write_pos, cache_base, is_flush = _row_cursors(cache, slot_ids)
-  flush = is_flush & (slot_ids >= 0)
+  valid = slot_ids >= 0
+  folds = is_flush & valid
+  if spec.fold_together is not None:  # the rows with that many records fold along
+    folds = folds | (jnp.any(folds) & valid & (write_pos >= spec.fold_together))
   L = cache.ring_len
-  cursors = (jnp.where(flush, 0, write_pos),
-             jnp.where(flush, (cache_base + write_pos) & (L - 1), cache_base),
-             jnp.where(flush, False, is_flush))
-  return jnp.where(flush, write_pos, 0), cache_base, cursors
+  cursors = (jnp.where(folds, 0, write_pos),
+             jnp.where(folds, (cache_base + write_pos) & (L - 1), cache_base),
+             jnp.where(folds, False, is_flush))
+  return jnp.where(folds, write_pos, 0), cache_base, cursors
 
 
 def _fold(cache: ReplayCache, slot_ids, count, cache_base, spec: SpecConfig,
@@ -269,7 +275,7 @@ def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, 
                    replay_tuning):
   """Fold flush rows, then the replay verify of the window; the window's records go into the
   ring. Returns ``(o, cache, cursors)`` with the rows' cursors after the fold (not scattered)."""
-  count, fold_base, cursors = _fold_plan(cache, slot_ids)
+  count, fold_base, cursors = _fold_plan(cache, slot_ids, spec)
   write_pos, cache_base, _ = cursors
   replay_tuning = _replay_tuning(cache, q, replay_tuning, spec)
   window = (q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)

@@ -58,6 +58,16 @@ def test_topk_above_one_rejected_with_replayssm():
           SpecConfig, topk=2)
 
 
+@pytest.mark.parametrize("n", [0, 17, 2.0, True, "4"])
+def test_fold_together_out_of_range(n):
+  _raises([f"fold_together={n!r}", "1..ring_len=16"], SpecConfig, ring_len=16, fold_together=n)
+
+
+def test_fold_together_in_range():
+  assert SpecConfig(ring_len=16, fold_together=16).fold_together == 16
+  assert SpecConfig(ring_len=16, fold_together=1) != SpecConfig(ring_len=16)
+
+
 def test_topk_above_one_allowed_with_recurrent():
   assert SpecConfig(topk=4, verify_mode="recurrent").topk == 4
 

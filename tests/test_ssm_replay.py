@@ -40,11 +40,13 @@ class Pair:
   A_log: jax.Array
   dt_bias: jax.Array
   folds_checked: int = 0
+  folded_along: int = 0  # of those, rows that folded along with a flush row (`fold_together`)
 
   @classmethod
-  def create(cls, T, L, backend, rng, gdn=GDN, dtype=jnp.float32):
+  def create(cls, T, L, backend, rng, gdn=GDN, dtype=jnp.float32, fold_together=None):
     rec_spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="recurrent", backend=backend)
-    rep_spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend=backend)
+    rep_spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend=backend,
+                          fold_together=fold_together)
     HV = gdn.num_v_heads
     return cls(rec_spec, rep_spec, ssm.init(gdn, rec_spec, SLOTS, dtype=dtype),
                ssm.init(gdn, rep_spec, SLOTS, dtype=dtype),
@@ -74,18 +76,26 @@ class Pair:
     L = self.rep_spec.ring_len
     # No window ever writes past the ring.
     assert np.all(np.where(flush, 0, wp) + T <= L), (wp, flush, T, L)
-    rec_committed = np.asarray(self.rec.ssm)
+    rec_committed = np.array(self.rec.ssm)
+    checkpoints = np.array(self.rep.ssm)  # copies: the steps donate the caches
+    # The rows that fold: the flush rows, and with `fold_together` the rows with that many
+    # records, when any row of the step folds.
+    along = self.rep_spec.fold_together
+    folding = flush | (flush.any() & (wp >= (along or L + 1)))
     if decode:
       o_rec, self.rec = ssm.decode(self.rec, *x, self.A_log, self.dt_bias, ids, self.rec_spec)
       o_rep, self.rep = ssm.decode(self.rep, *x, self.A_log, self.dt_bias, ids, self.rep_spec)
     else:
       o_rec, self.rec = ssm.verify(self.rec, *x, self.A_log, self.dt_bias, ids, self.rec_spec)
       o_rep, self.rep = ssm.verify(self.rep, *x, self.A_log, self.dt_bias, ids, self.rep_spec)
-    # A fold has just run for the flush rows: its checkpoint is the recurrent committed state
-    # from before this step, bitwise.
-    folded = rows[flush & (wp > 0)]
+    # A fold has just run for the folding rows: its checkpoint is the recurrent committed state
+    # from before this step, bitwise. Every other checkpoint is as it was, bitwise.
+    folded = rows[folding & (wp > 0)]
     np.testing.assert_array_equal(np.asarray(self.rep.ssm)[folded], rec_committed[folded])
+    kept = np.setdiff1d(np.arange(SLOTS), folded)
+    np.testing.assert_array_equal(np.asarray(self.rep.ssm)[kept], checkpoints[kept])
     self.folds_checked += len(folded)
+    self.folded_along += int(np.sum(folding & ~flush & (wp > 0)))
     tol = TOLERANCE[(jnp.dtype(x[0].dtype).name, self.rep_spec.dot_precision)]
     assert rel_err(o_rep[valid], o_rec[valid]) < tol
     np.testing.assert_array_equal(np.asarray(o_rep)[~valid], 0)
@@ -118,10 +128,10 @@ def _distinct(slots):
   return out
 
 
-def _run_schedule(T, L, backend, schedule, *, interleave):
+def _run_schedule(T, L, backend, schedule, *, interleave, fold_together=None):
   seed, steps = schedule
   rng = np.random.default_rng(seed)
-  pair = Pair.create(T, L, backend, rng)
+  pair = Pair.create(T, L, backend, rng, fold_together=fold_together)
   pair.reset(list(range(SLOTS)), rng)
   for slots, rejected, reset, decode in steps:
     slots = _distinct(slots)
@@ -131,6 +141,7 @@ def _run_schedule(T, L, backend, schedule, *, interleave):
     pair.step(slots, [T - r for r in rejected], pair.window(rng, len(slots), 1 if decode else T),
               decode=decode)
   assert pair.folds_checked > 0
+  return pair
 
 
 RINGS = [(1, 2), (2, 4), (2, 8), (4, 8), (4, 16), (8, 16), (4, 32), (8, 32)]
@@ -162,6 +173,49 @@ def test_decode_verify_interleaved(T, L, backend):
     _run_schedule(T, L, backend, schedule, interleave=True)
 
   run()
+
+
+# Rings with room for rows that are not flush rows yet (L > 2T: flush rows have more than L - 2T).
+FOLD_TOGETHER = [(1, 8), (2, 8), (4, 16), (4, 32)]
+
+
+@pytest.mark.parametrize("T,L", FOLD_TOGETHER, ids=[f"T{T}-L{L}" for T, L in FOLD_TOGETHER])
+def test_fold_together_schedules(T, L, backend):
+  """`SpecConfig.fold_together`: rows with at least L/4 records fold along with a step's flush
+  rows. Decode and verify schedules as above: every fold, along or not, leaves the recurrent
+  committed state, bitwise, and no other checkpoint moves."""
+  along = []
+
+  @settings(max_examples=3, phases=NO_SHRINK)
+  @given(_schedules(T, steps=300))
+  def run(schedule):
+    pair = _run_schedule(T, L, backend, schedule, interleave=True, fold_together=L // 4)
+    along.append(pair.folded_along)
+
+  run()
+  assert sum(along) > 0, along  # the simplest schedule has one row, with no row to fold along
+
+
+def test_fold_together_plan():
+  """Which rows a step folds: with a flush row in the step, the rows with at least
+  ``fold_together`` records too (never a padding row); without one, none."""
+  spec = SpecConfig(draft_tokens=2, ring_len=8, fold_together=3)
+  cache = ssm.init(GDN, spec, SLOTS, dtype=jnp.float32)
+  cache = dataclasses.replace(
+      cache, write_pos=jnp.asarray([7, 3, 2, 5, 4, 6], jnp.int32),
+      cache_base=jnp.asarray([1, 2, 3, 4, 5, 6], jnp.int32),
+      is_flush=jnp.asarray([True, False, False, False, False, True]))
+  ids = jnp.asarray([0, 1, 2, 3, -1], jnp.int32)  # slot 0 flushes; -1 reads slot 0's cursors
+  count, base, (wp, cb, flush) = ssm._fold_plan(cache, ids, spec)
+  np.testing.assert_array_equal(count, [7, 3, 0, 5, 0])
+  np.testing.assert_array_equal(base, [1, 2, 3, 4, 1])
+  np.testing.assert_array_equal(wp, [0, 0, 2, 0, 7])
+  np.testing.assert_array_equal(cb, [0, 5, 3, 1, 1])  # (base + count) & 7
+  np.testing.assert_array_equal(flush, [False, False, False, False, True])
+  count, *_ = ssm._fold_plan(cache, jnp.asarray([1, 2, 3, 4], jnp.int32), spec)  # no flush row
+  np.testing.assert_array_equal(count, 0)
+  count, *_ = ssm._fold_plan(cache, ids, dataclasses.replace(spec, fold_together=None))
+  np.testing.assert_array_equal(count, [7, 0, 0, 0, 0])
 
 
 @pytest.mark.parametrize("T,L,decode_share", [(4, 16, 0.3), (2, 4, 0.3), (1, 2, 1.0)])
