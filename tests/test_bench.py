@@ -21,6 +21,19 @@ def test_bench_smoke(tmp_path):
   assert {"date", "device", "jax", "copy_tbps"} <= result.keys()
 
 
+def test_bench_fold_together_smoke(tmp_path):
+  """``--fold-together``: every path runs with rows folding along; the file says so."""
+  out = tmp_path / "results.json"
+  assert kernels.main(["--tiny", "--batch", "2", "--reps", "1", "--copy-gib", "0.004",
+                       "--decode-rings", "8", "--fold-together", "0.5", "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  assert result["fold_together"] == 0.5
+  assert {r["kernel"] for r in result["rows"]} >= {"rssm_step_mixed", "rssm_decode_spread"}
+  assert [kernels.fold_together_records(x, 16) for x in (None, 0.5, 0.01, 1.0)] == [None, 8, 1, 16]
+  with pytest.raises(SystemExit):
+    kernels.main(["--tiny", "--fold-together", "0", "--out", str(out)])
+
+
 def test_byte_models_match_the_anchor():
   """The byte models reproduce anchor-bench.md's per-request constants (HV=32, H=16, K=V=128, T=4)."""
   b = kernels.Bytes(kernels.GEOMETRY, 4)

@@ -179,9 +179,17 @@ def _cursors(cache: ReplayCache):
   return dict(write_pos=cache.write_pos, cache_base=cache.cache_base, is_flush=cache.is_flush)
 
 
+def fold_together_records(share: float | None, L: int) -> int | None:
+  """`SpecConfig.fold_together` for a ring of L records from a share of the ring (None: off)."""
+  return None if share is None else min(L, max(1, round(share * L)))
+
+
 def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, reps: int = 30,
-                decode_rings=(8, 16, 32), backend: str = "pallas"):
-  """All paths at batch size ``B`` on ``backend``'s kernels; yields (name, wp, L, timing, bytes)."""
+                decode_rings=(8, 16, 32), backend: str = "pallas",
+                fold_together: float | None = None):
+  """All paths at batch size ``B`` on ``backend``'s kernels; yields (name, wp, L, timing, bytes).
+  ``fold_together``: the ReplaySSM rows with this share of a ring fold along with a flush row
+  (`SpecConfig.fold_together`, `fold_together_records`)."""
   rng = np.random.default_rng(B)
   kern = kernels_for(backend)
   tuning = kern.state_tuning(gdn.head_v_dim)
@@ -208,7 +216,8 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   yield "rec_decode", 0, 0, t, B * nbytes.rec_decode()
 
   # ReplaySSM kernels alone.
-  spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend=backend)
+  spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend=backend,
+                    fold_together=fold_together_records(fold_together, L))
   cache = _replay_cache(rng, gdn, spec, B, np.full(B, 8), np.zeros(B, bool))
   rings = replay_kernels.RING_NAMES
 
@@ -246,7 +255,8 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
 
   # ReplaySSM decode over a whole ring cycle (flush rule with T = 1: L-1 steps per fold).
   for L_dec in decode_rings:
-    dspec = SpecConfig(draft_tokens=1, ring_len=L_dec, verify_mode="replayssm", backend=backend)
+    dspec = SpecConfig(draft_tokens=1, ring_len=L_dec, verify_mode="replayssm", backend=backend,
+                       fold_together=fold_together_records(fold_together, L_dec))
     steps = L_dec - 1
 
     def cycle(c, dspec=dspec, steps=steps):
@@ -283,7 +293,12 @@ def main(argv=None) -> int:
                  help="ring lengths of the ReplaySSM decode cycle")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="start no new batch size after this many seconds (results so far are kept)")
+  p.add_argument("--fold-together", type=float, default=None, metavar="SHARE",
+                 help="ReplaySSM rows holding this share of the ring fold along with a step's "
+                      "flush rows (SpecConfig.fold_together; default: only flush rows fold)")
   args = p.parse_args(argv)
+  if args.fold_together is not None and not 0 < args.fold_together <= 1:
+    p.error(f"--fold-together {args.fold_together} must be a share of the ring in (0, 1].")
   start = time.monotonic()
   gdn = TINY if args.tiny else GEOMETRY
   device = jax.devices()[0]
@@ -294,7 +309,7 @@ def main(argv=None) -> int:
                 device=device.device_kind, platform=device.platform, jax=jax.__version__,
                 python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
                 copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
-                backend=args.backend, rows=rows)
+                backend=args.backend, fold_together=args.fold_together, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
@@ -305,7 +320,8 @@ def main(argv=None) -> int:
       print(f"stopping before B={B}: the {args.budget_s} s budget is spent", flush=True)
       break
     for name, wp, L, t, model in bench_batch(B, gdn=gdn, reps=args.reps, backend=args.backend,
-                                               decode_rings=args.decode_rings):
+                                               decode_rings=args.decode_rings,
+                                               fold_together=args.fold_together):
       tbps = model / (t.median_us * 1e-6) / 1e12
       rows.append(dict(kernel=name, B=B, wp=wp, L=L, median_us=round(t.median_us, 2),
                        p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2), reps=t.reps,
