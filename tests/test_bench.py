@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from replayssm_jax import SpecConfig, ssm
 from replayssm_jax.bench import kernels
 
 
@@ -15,7 +18,8 @@ def test_bench_smoke(tmp_path):
   result = json.loads(out.read_text())
   names = {row["kernel"] for row in result["rows"]}
   assert names == {"rec_verify", "rec_commit", "rec_decode", "rssm_verify", "exact_fold", "rssm_step_nf",
-                   "rssm_step_f", "rssm_step_mixed", "rssm_decode_cycle", "rssm_decode_spread"}
+                   "rssm_step_f", "rssm_step_mixed", "rssm_traffic", "rssm_decode_cycle",
+                   "rssm_decode_spread"}
   for row in result["rows"]:
     assert row["median_us"] > 0 and row["min_bytes"] > 0 and row["wall_us"] > 0
   assert {"date", "device", "jax", "copy_tbps"} <= result.keys()
@@ -32,6 +36,33 @@ def test_bench_fold_together_smoke(tmp_path):
   assert [kernels.fold_together_records(x, 16) for x in (None, 0.5, 0.01, 1.0)] == [None, 8, 1, 16]
   with pytest.raises(SystemExit):
     kernels.main(["--tiny", "--fold-together", "0", "--out", str(out)])
+
+
+@pytest.mark.parametrize("fold_together", [None, 6])
+def test_traffic_phases_follow_the_cursor_protocol(fold_together):
+  """The traffic path's byte model replays the cursors on the host: the same write_pos and
+  folds, step by step, as `ssm.verify` + `ssm.commit` give."""
+  import numpy as np
+
+  from replayssm_jax import SpecConfig, ssm
+
+  T, L, B, steps = 4, 16, 6, 12
+  rng = np.random.default_rng(0)
+  spec = SpecConfig(draft_tokens=T, ring_len=L, fold_together=fold_together)
+  cache = kernels._replay_cache(rng, kernels.TINY, spec, B, *kernels.traffic_start(rng, B, T, L))
+  accepted = rng.integers(1, T + 1, (steps, B)).astype(np.int32)
+  expected = list(kernels.traffic_phases(cache, accepted, spec))
+  x = kernels._inputs(rng, B, T, kernels.TINY)
+  slot_ids = jnp.arange(B, dtype=jnp.int32)
+  got = []
+  for acc in accepted:
+    wp, flush = np.asarray(cache.write_pos), np.asarray(cache.is_flush)
+    cache = ssm.verify(cache, *kernels._window(x), slot_ids, spec)[1]
+    folded = (np.asarray(cache.write_pos) == 0) & (wp > 0)  # a fold retires every record
+    got += [(int(w), bool(f or d)) for w, f, d in zip(wp, flush, folded)]
+    cache = ssm.commit(cache, slot_ids, jnp.asarray(acc), spec)
+  assert got == expected
+  assert any(f for _, f in got) and not all(f for _, f in got)
 
 
 def test_byte_models_match_the_anchor():

@@ -13,6 +13,7 @@ Paths (per layer; ``wp`` = write_pos of the rows):
   rssm_verify(wp=8), exact_fold(wp=12)        the ReplaySSM kernels alone
   rssm_step_nf(wp=8), rssm_step_f(wp=12)      whole `ssm.verify` steps, all rows in one phase
   rssm_step_mixed                             a third folding at wp 12, the rest verifying at 4 and 8
+  rssm_traffic                                verify + commit steps, rows out of phase, random acceptance
   rssm_decode_cycle(L), rec_decode            ReplaySSM decode amortised over a whole ring cycle
   rssm_decode_spread(L)                       the same cycle with the rows out of phase
 """
@@ -184,6 +185,31 @@ def fold_together_records(share: float | None, L: int) -> int | None:
   return None if share is None else min(L, max(1, round(share * L)))
 
 
+TRAFFIC_STEPS = 24  # verify + commit steps per call of the traffic path
+
+
+def traffic_start(rng, B: int, T: int, L: int):
+  """Cursors of rows out of phase: ``write_pos`` anywhere a commit can leave it (0..L-T), and
+  ``is_flush`` as the commit would set it."""
+  write_pos = rng.integers(0, L - T + 1, B)
+  return write_pos, write_pos + 2 * T > L
+
+
+def traffic_phases(cache: ReplayCache, accepted: np.ndarray, spec: SpecConfig):
+  """``(write_pos, folds)`` of every row at every step of verify + commit with ``accepted
+  [steps, B]`` from the cache's cursors (slots 0..B-1): the cursor protocol of `ssm`, with
+  `SpecConfig.fold_together`, replayed on the host for the byte model."""
+  L, T = spec.ring_len, spec.draft_tokens
+  wp, flush = np.array(cache.write_pos), np.array(cache.is_flush)
+  for acc in accepted:
+    folds = flush.copy()
+    if spec.fold_together is not None and flush.any():
+      folds |= wp >= spec.fold_together
+    yield from zip(wp.tolist(), folds.tolist())
+    wp = np.where(folds, 0, wp) + acc  # the fold retires its records, the commit appends
+    flush = wp + 2 * T > L
+
+
 def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, reps: int = 30,
                 decode_rings=(8, 16, 32), backend: str = "pallas",
                 fold_together: float | None = None):
@@ -251,7 +277,21 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
     t, cache = time_calls(step, cache, reps=reps)
     model = sum(nbytes.rssm_step(int(w), bool(f)) for w, f in zip(wp, flush))
     yield name, int(np.max(wp)) if name != "rssm_step_mixed" else -1, L, t, model
-  del cache
+  # Verify traffic: rows out of phase, a random acceptance per row and step, no cursor restore
+  # between the steps of a call (only before each call, so every call does the same work).
+  c = _replay_cache(rng, gdn, spec, B, *traffic_start(rng, B, T, L))
+  accepted = rng.integers(1, T + 1, (TRAFFIC_STEPS, B)).astype(np.int32)
+
+  def traffic(c):
+    for acc in accepted:
+      c = ssm.commit(ssm.verify(c, *_window(x), slot_ids, spec)[1], slot_ids, jnp.asarray(acc),
+                     spec)
+    return c
+
+  model = sum(nbytes.rssm_step(w, f) for w, f in traffic_phases(c, accepted, spec))
+  t, _ = time_calls(_restoring(traffic, _cursors), c, reps=max(5, reps // 3))
+  yield "rssm_traffic", -1, L, t.per_call(TRAFFIC_STEPS), model / TRAFFIC_STEPS
+  del cache, c
 
   # ReplaySSM decode over a whole ring cycle (flush rule with T = 1: L-1 steps per fold).
   for L_dec in decode_rings:
@@ -275,10 +315,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
     for name, start in starts.items():
       c = _replay_cache(rng, gdn, dspec, B, *start)
       t, _ = time_calls(_restoring(cycle, _cursors), c, reps=max(5, reps // 3))
-      per_step = Timing(t.median_us / steps, t.p20_us / steps, t.p80_us / steps, t.reps,
-                        t.method, t.kernels, tuple(us / steps for us in t.kernel_us),
-                        t.wall_us / steps)
-      yield name, -1, L_dec, per_step, model / steps
+      yield name, -1, L_dec, t.per_call(steps), model / steps
 
 
 def main(argv=None) -> int:

@@ -33,6 +33,12 @@ class Timing:
   kernel_us: tuple[float, ...] = ()  # the median device time of each of them
   wall_us: float = float("nan")  # median host clock of a call to its result (dispatch included)
 
+  def per_call(self, n: int) -> "Timing":
+    """The timing of one of the ``n`` equal steps a call makes (every time divided by n)."""
+    return dataclasses.replace(
+        self, median_us=self.median_us / n, p20_us=self.p20_us / n, p80_us=self.p80_us / n,
+        kernel_us=tuple(us / n for us in self.kernel_us), wall_us=self.wall_us / n)
+
   def by_kernel(self) -> dict[str, float]:
     """Median microseconds per kernel name (summed over the launches of one name)."""
     out: dict[str, float] = {}
