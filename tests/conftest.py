@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import jax
 import numpy as np
 import pytest
@@ -32,6 +34,17 @@ def rel_err(x, ref) -> float:
   """Frobenius relative error in float64."""
   x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
   return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+  """Drop the compiled programs of each test module once it is done. XLA's CPU backend maps
+  each executable's code into memory regions of its own; the whole suite compiles thousands
+  (Pallas interpret mode, static configs), and past the kernel's ``vm.max_map_count``
+  (65530 here) the next compile dies with a segmentation fault."""
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 def pytest_collection_modifyitems(config, items):
