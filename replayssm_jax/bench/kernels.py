@@ -197,17 +197,15 @@ def traffic_start(rng, B: int, T: int, L: int):
 
 def traffic_phases(cache: ReplayCache, accepted: np.ndarray, spec: SpecConfig):
   """``(write_pos, folds)`` of every row at every step of verify + commit with ``accepted
-  [steps, B]`` from the cache's cursors (slots 0..B-1): the cursor protocol of `ssm`, with
-  `SpecConfig.fold_together`, replayed on the host for the byte model."""
-  L, T = spec.ring_len, spec.draft_tokens
-  wp, flush = np.array(cache.write_pos), np.array(cache.is_flush)
+  [steps, B]`` from the cache's cursors (slots 0..B-1), for the byte model: `ssm`'s own
+  cursor functions (the fold plan, then the commit formula), without the kernels."""
+  slot_ids = jnp.arange(len(accepted[0]), dtype=jnp.int32)
   for acc in accepted:
-    folds = flush.copy()
-    if spec.fold_together is not None and flush.any():
-      folds |= wp >= spec.fold_together
-    yield from zip(wp.tolist(), folds.tolist())
-    wp = np.where(folds, 0, wp) + acc  # the fold retires its records, the commit appends
-    flush = wp + 2 * T > L
+    count, _, cursors = ssm._fold_plan(cache, slot_ids, spec)
+    yield from zip(np.asarray(cache.write_pos).tolist(), np.asarray(count > 0).tolist())
+    cursors = ssm._advanced(*cursors, jnp.asarray(acc), spec.ring_len, spec.draft_tokens)
+    cache = dataclasses.replace(cache, **dict(zip(("write_pos", "cache_base", "is_flush"),
+                                                  cursors)))
 
 
 def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, reps: int = 30,
