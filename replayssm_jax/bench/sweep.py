@@ -205,12 +205,12 @@ STREAM_FOLD_PREFETCH = (True, False)  # and whether it loads record i + 1 before
 
 
 def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4):
-  """The fold inside the split verify's stream kernel (`replay_split.fold_replay_verify_split`) per
-  fold tile height (`STREAM_FOLD_TILES` and the default) and record prefetch
-  (`STREAM_FOLD_PREFETCH`): every row folding ``n_fold`` records and
-  then verifying a T-token window, checked bitwise against the recurrent state and timed against
-  the fold kernel followed by the split verify (`apart_us`); and no row folding (`idle_us`),
-  against the split verify alone (`plain_us`): what the fold's code costs the stream."""
+  """The fold inside the split verify's stream kernel (`replay_split.fold_replay_verify_split`)
+  per fold tile height (`STREAM_FOLD_TILES` and the default) and record prefetch
+  (`STREAM_FOLD_PREFETCH`): every row folding ``n_fold`` records and then verifying a T-token
+  window, checked bitwise against the recurrent state and timed against the fold kernel
+  followed by the split verify (`apart_us`); and no row folding (`idle_us`), against the split
+  verify alone (`plain_us`): what the fold's code costs the stream."""
   rng = np.random.default_rng(3)
   kern = bench.kernels_for("pallas")
   tuning = kern.state_tuning(gdn.head_v_dim)

@@ -322,7 +322,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
                              coefficient_stacked: bool = COEFFICIENT_STACKED,
-                        coefficient_inline: int | None = COEFFICIENT_INLINE):
+                             coefficient_inline: int | None = COEFFICIENT_INLINE):
   """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
   `replay_verify_split`, with the fold inside the stream kernel.
 
@@ -356,7 +356,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          coefficients=coefficients, coefficient_warps=coefficient_warps,
                          coefficient_key_heads=coefficient_key_heads,
                          coefficient_stacked=coefficient_stacked,
-                       coefficient_inline=coefficient_inline)
+                         coefficient_inline=coefficient_inline)
   return o, ssm, *rings
 
 
