@@ -320,10 +320,12 @@ def _flush_some_rows(inp, c: Case):
 FUSED_CASES = [CASES[0], CASES[1], CASES[5]]
 
 
+@pytest.mark.parametrize("launch", replay_split.FOLD_LAUNCHES)
 @pytest.mark.parametrize("c", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
-def test_fold_inside_the_stream(c: Case, interpret):
-  """`fold_and_replay_verify` (the fold in the split form's stream kernel) against the fold
-  kernel and then the split verify: the same checkpoint, outputs and rings, to the bit."""
+def test_fold_inside_the_stream(c: Case, launch, interpret):
+  """`fold_and_replay_verify` (the fold in the split form's stream kernel, in the launch of
+  the other rows or in its own) against the fold kernel and then the split verify: the same
+  checkpoint, outputs and rings, to the bit."""
   inp = make_inputs(c)
   (count, fold_base), cursors = _flush_some_rows(inp, c)
   inp = {**inp, **cursors}
@@ -339,11 +341,29 @@ def test_fold_inside_the_stream(c: Case, interpret):
   o, ssm, *rings = fold_and_replay_verify(**inp, fold_count=count, fold_base=fold_base,
                                           tuning=tuning, fold_tuning=fold_tuning,
                                           dot_precision=c.precision, interpret=interpret,
-                                          form="split")
+                                          form="split", fold_launch=launch)
   np.testing.assert_array_equal(bits(ssm), bits(folded))
   np.testing.assert_array_equal(bits(o[valid]), bits(apart[0][valid]))
   np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
   for name, x, y in zip(RING_NAMES, rings, apart[1:]):
+    np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+
+
+def test_own_fold_launch_without_folding_rows(interpret):
+  """With no row to fold, the "own" launch is the plain stream alone: the split verify's bits,
+  the checkpoint untouched (the padding row's fold count must not start the folding launch)."""
+  c = FUSED_CASES[0]
+  inp = make_inputs(c)
+  count = jnp.where(inp["slot_ids"] < 0, 3, 0).astype(jnp.int32)
+  tuning = KernelTuning(block_v=c.block_v)
+  plain = replay_verify(**inp, tuning=tuning, dot_precision=c.precision, interpret=interpret,
+                        form="split")
+  o, ssm, *rings = replay_split.fold_replay_verify_split(
+      **inp, fold_count=count, fold_base=inp["cache_base"], tuning=tuning,
+      fold_tuning=KernelTuning(block_v=max(c.block_v // 2, 1), num_warps=2, k_chunk=16),
+      fold_launch="own", dot_precision=c.precision, interpret=interpret)
+  np.testing.assert_array_equal(bits(ssm), bits(inp["ssm"]))
+  for name, x, y in zip(("o", *RING_NAMES), (o, *rings), plain):
     np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
 
 
@@ -357,6 +377,11 @@ def test_fold_inside_the_stream_validation():
     call(fold_count=count, fold_tuning=KernelTuning(block_v=8), form="ut")
   with pytest.raises(ValueError, match=r"fold_count is float32\[4\]; expected int32\[4\]"):
     call(fold_count=count.astype(jnp.float32), fold_tuning=KernelTuning(block_v=8), form="split")
+  with pytest.raises(ValueError, match="fold_launch='apart' is unknown"):
+    replay_split.fold_replay_verify_split(
+        **inp, fold_count=count, fold_base=fold_base, tuning=KernelTuning(block_v=16),
+        fold_tuning=KernelTuning(block_v=8), fold_launch="apart", dot_precision="ieee",
+        interpret=True)
   with pytest.raises(ValueError, match="multiple of the fold's block_v=32"):
     replay_split.fold_replay_verify_split(
         **inp, fold_count=count, fold_base=fold_base, tuning=KernelTuning(block_v=16),

@@ -28,7 +28,8 @@ so the work splits:
 
 `fold_replay_verify_split` first folds a step's flush rows inside the stream: a folding row's
 programs replay its committed records into their checkpoint tiles (`fold.fold_rows`, the exact
-fold's own loop) and then stream them, so its checkpoint is read and written once.
+fold's own loop) and then stream them, so its checkpoint is read and written once. They run in
+the same launch as the other rows' programs, or in one of their own (`FOLD_LAUNCH`).
 
 Same contract as `replay_verify.replay_verify` (the ``"split"`` form): ``ssm`` is only read,
 the window's records go to ``phys(write_pos + s)``, every other ring entry stays bitwise as it
@@ -194,6 +195,7 @@ class StreamFold(NamedTuple):
   block_v: int
   k_chunk: int
   prefetch: bool
+  launch: str  # one of FOLD_LAUNCHES
   compiled: bool
 
 
@@ -204,23 +206,31 @@ def _stream_kernel(
     x_ref, zh_ref, zt_ref, eq_ref,  # the coefficients kernel's scratch
     ring_d_ref,  # [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref)
     ring_rawv_ref,  # [slots, HV, L, V] activation (aliased; not read)
-    *refs,  # with `fold`: fold_count, fold_base [B] int32, ring_rawk, ring_g, ring_beta
+    *refs,  # fold_count [B] int32 with `fold` or `rows`; with `fold`: fold_base [B] int32,
+    # ring_rawk, ring_g, ring_beta; with rows="folding": o (aliased with o_ref)
     # outputs: o [B, T, HV, V] activation, ring_d_out, ring_rawv_out (, ssm_out with `fold`)
     T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
-    precision_t, fold: StreamFold | None):
+    precision_t, fold: StreamFold | None, rows: str | None):
+  """One program per ``[block_v, K]`` checkpoint tile of a (row, value head). ``rows``: which
+  rows' programs work (`STREAM_ROWS`), the others only exit."""
   del ring_rawv_ref  # read and written through the aliased output
-  if fold is None:
-    o_ref, ring_d_out_ref, ring_rawv_out_ref = refs
-    ssm_ref = ssm_in_ref
-  else:
-    (fold_count_ref, fold_base_ref, ring_rawk_ref, ring_g_ref, ring_beta_ref,
-     o_ref, ring_d_out_ref, ring_rawv_out_ref, ssm_ref) = refs
+  refs = list(refs)
+  fold_count_ref = refs.pop(0) if fold is not None or rows is not None else None
+  if fold is not None:
+    fold_base_ref, ring_rawk_ref, ring_g_ref, ring_beta_ref = (refs.pop(0) for _ in range(4))
+  if rows == "folding":
+    del refs[0]  # the outputs of the other rows, written by the launch before (aliased)
+  o_ref, ring_d_out_ref, ring_rawv_out_ref, *ssm_out = refs
+  ssm_ref = ssm_out[0] if fold is not None else ssm_in_ref
   p = tile_program(slot_ids_ref, o_ref, T=T, gqa_ratio=gqa_ratio, block_v=block_v)
   row, h, kh, slot, vs, tok = p.row, p.h, p.kh, p.slot, p.vs, p.tok
   K = ssm_ref.shape[-1]
   T_pad = tok.shape[0]
+  works = slot >= 0
+  if rows is not None:
+    works &= (fold_count_ref[row] > 0) == (rows == "folding")
 
-  @pl.when(slot >= 0)
+  @pl.when(works)
   def _stream():
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
     if fold is not None:
@@ -272,6 +282,24 @@ def _fold_tile_first(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_bet
 
 
 COEFFICIENTS = ("pallas", "xla")
+# How `fold_replay_verify_split` launches the stream for a step's folding rows:
+#   "shared": one launch of the stream with the fold for all rows; a folding row's programs
+#     fold their tiles first (run 9). The fold's code costs every program registers, so a
+#     step in which no row folds streams slower than the plain kernel (B=256: 181 against
+#     158 us, benchmarks/NOTES.md run 10).
+#   "own": the plain stream for the rows that fold nothing, then, only when some row folds
+#     (`lax.cond`, decided on the device), the stream with the fold for those rows alone.
+#     H200, B=256 (benchmarks/NOTES.md run 11): a step without a fold 221 -> 202 us and the
+#     decode cycle 210 -> 205, but verify traffic 331 -> 339 and decode with the rows out of
+#     phase 223 -> 234 (B=64: 106 -> 115 and 79 -> 88): the folding programs no longer hide
+#     behind the other rows' streams, they run in a tail of their own.
+# (A conditional choosing between the two kernels for all rows made XLA copy the rings: its
+# two branches both write them in place. The "own" conditional writes in one branch only.)
+FOLD_LAUNCHES = ("shared", "own")
+FOLD_LAUNCH = "shared"
+# Which rows' programs of a stream launch work (the others exit): all (None), or those that
+# fold nothing / something this step (``fold_count``), the two launches of "own".
+STREAM_ROWS = (None, "unfolded", "folding")
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
 # Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
 # (707 -> 733), and the decode cycle lost 1.5-2.3 us (benchmarks/NOTES.md run 10).
@@ -312,13 +340,13 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
 
 
 @functools.partial(jax.jit, static_argnames=(*_SPLIT_STATIC, "fold_tuning", "fold_block_v",
-                                             "prefetch"))
+                                             "prefetch", "fold_launch"))
 def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                              q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
                              fold_count, fold_base, *, tuning: KernelTuning,
                              fold_tuning: KernelTuning, dot_precision: str, interpret: bool,
                              fold_block_v: int | None = None, prefetch: bool | None = None,
-                             coefficients: str = "pallas",
+                             fold_launch: str | None = None, coefficients: str = "pallas",
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
                              coefficient_stacked: bool = COEFFICIENT_STACKED,
@@ -330,7 +358,9 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   (`fold.fold_rows` in ``[fold_block_v, K]`` tiles held as ``fold_tuning.k_chunk`` chunks,
   ``prefetch`` as `fold.fold`, by default `STREAM_FOLD_PREFETCH`), then stream them for the
   window. ``write_pos`` and ``cache_base`` are the cursors after the fold (the coefficients see
-  no history for a folded row). ``ssm`` is aliased: updated in place.
+  no history for a folded row). ``ssm`` is aliased: updated in place. ``fold_launch``
+  (default `FOLD_LAUNCH`): the folding rows streamed in the same launch as the others
+  (``"shared"``) or in one of their own, skipped when no row folds (``"own"``); the same bits.
 
   The bitwise tie: rows are independent, but the order of each sum over K follows how Triton
   lays a ``[fold_block_v, k_chunk]`` chunk over the program's threads. The default,
@@ -346,9 +376,12 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   if fold_block_v < 1 or tuning.block_v % fold_block_v:
     raise ValueError(f"the stream's block_v={tuning.block_v} must be a multiple of the fold's "
                      f"block_v={fold_block_v}.")
+  fold_launch = fold_launch or FOLD_LAUNCH
+  if fold_launch not in FOLD_LAUNCHES:
+    raise ValueError(f"fold_launch={fold_launch!r} is unknown; use one of {FOLD_LAUNCHES}.")
   fold = StreamFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
                     prefetch=STREAM_FOLD_PREFETCH if prefetch is None else prefetch,
-                    compiled=not interpret)
+                    launch=fold_launch, compiled=not interpret)
   o, ssm, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
                          (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base),
                          (fold_count, fold_base), tuning=tuning, fold=fold,
@@ -371,8 +404,8 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
            fold: StreamFold | None, dot_precision: str, interpret: bool, coefficients: str,
            coefficient_warps: int, coefficient_key_heads: int, coefficient_stacked: bool,
            coefficient_inline: int | None):
-  """The two launches; ``fold_rows = (fold_count, fold_base)`` with ``fold``, else None.
-  Returns ``(o, ssm, rings)``."""
+  """The coefficients, then the stream launch(es); ``fold_rows = (fold_count, fold_base)``
+  with ``fold``, else None. Returns ``(o, ssm, rings)``."""
   ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv = rings
   q, k, v, a, b, A_log, dt_bias = window
   slot_ids, write_pos, cache_base = cursors
@@ -381,9 +414,8 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   B, T, H, K = q.shape
   if coefficient_key_heads < 1 or H % coefficient_key_heads:
     raise ValueError(f"coefficient_key_heads={coefficient_key_heads} must divide the {H} key heads.")
-  HV, V, L = v.shape[2], v.shape[3], ring_g.shape[-1]
+  HV, L = v.shape[2], ring_g.shape[-1]
   T_pad, f32 = next_power_of_two(T), jnp.float32
-  kc = min(tuning.k_chunk, K)
   mma = functools.partial(mma_algorithm, interpret=interpret)
   common = dict(T=T, L=L, gqa_ratio=HV // H, precision_t=mma("ieee", T))
 
@@ -411,24 +443,53 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
         name=f"replay_coefficients_T{T}",
     )(*inputs)
 
-  inputs = [slot_ids, write_pos, cache_base, v, ssm, *scratch, ring_d, ring_rawv]
+  stream = functools.partial(_stream, v, scratch, cursors, tuning=tuning, interpret=interpret,
+                             dot_precision=dot_precision, common=common)
+  fold_args = dict(fold=fold, fold_rows=fold_rows, fold_rings=(ring_rawk, ring_g, ring_beta))
+  if fold is None:
+    o, ring_d, ring_rawv = stream(ssm, ring_d, ring_rawv)
+  elif fold.launch == "shared":
+    o, ring_d, ring_rawv, ssm = stream(ssm, ring_d, ring_rawv, **fold_args)
+  else:  # "own": the rows that fold nothing, then, if the device finds any, the folding rows
+    fold_count = fold_rows[0]
+    o, ring_d, ring_rawv = stream(ssm, ring_d, ring_rawv, rows="unfolded",
+                                  fold_rows=(fold_count,))
+    o, ring_d, ring_rawv, ssm = jax.lax.cond(
+        jnp.any((fold_count > 0) & (slot_ids >= 0)),
+        lambda o, d, rawv, ssm: stream(ssm, d, rawv, o=o, rows="folding", **fold_args),
+        lambda *outs: outs, o, ring_d, ring_rawv, ssm)
+  return o, ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)
+
+
+def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning,
+            interpret: bool, dot_precision: str, common: dict, fold: StreamFold | None = None,
+            rows: str | None = None, fold_rows=(), fold_rings=(), o=None):
+  """One launch of `_stream_kernel`; ``ring_d``, ``ring_rawv`` (and with ``fold`` ``ssm``)
+  updated in place. ``fold_rows``: ``(fold_count,)`` with ``rows``, ``(fold_count,
+  fold_base)`` with ``fold``; ``o``: the outputs of a launch before it (``rows="folding"``).
+  Returns ``(o, ring_d, ring_rawv)``, and ``ssm`` last with ``fold``."""
+  K, V = ssm.shape[-1], v.shape[-1]
+  kc = min(tuning.k_chunk, K)
+  mma = functools.partial(mma_algorithm, interpret=interpret)
+  inputs = [*cursors, v, ssm, *scratch, ring_d, ring_rawv, *fold_rows, *fold_rings]
+  aliases = {len(cursors) + 6: 1, len(cursors) + 7: 2}  # ring_d, ring_rawv
   out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (v, ring_d, ring_rawv)]
-  aliases = {len(inputs) - 2: 1, len(inputs) - 1: 2}  # ring_d, ring_rawv
+  if o is not None:
+    aliases[len(inputs)] = 0
+    inputs.append(o)
   if fold is not None:  # the folded checkpoint is a fourth output, in place
-    inputs += [*fold_rows, ring_rawk, ring_g, ring_beta]
+    aliases[len(cursors) + 1] = 3
     out_shape.append(jax.ShapeDtypeStruct(ssm.shape, ssm.dtype))
-    aliases[4] = 3
-  o, ring_d, ring_rawv, *folded = pl.pallas_call(
+  return pl.pallas_call(
       functools.partial(_stream_kernel, block_v=tuning.block_v, k_chunk=kc,
-                        precision_k=mma(dot_precision, kc), precision_l=mma(dot_precision, L),
-                        fold=fold, **common),
+                        precision_k=mma(dot_precision, kc),
+                        precision_l=mma(dot_precision, common["L"]),
+                        fold=fold, rows=rows, **common),
       out_shape=tuple(out_shape),
-      grid=(B, HV, V // tuning.block_v),
+      grid=(v.shape[0], v.shape[2], V // tuning.block_v),
       input_output_aliases=aliases,
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
-      name=f"replay_stream_T{T}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
-           f"{'_fold' if fold else ''}",
+      name=f"replay_stream_T{common['T']}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
+           f"{'_fold' if fold else ''}{'_' + rows if rows else ''}",
   )(*inputs)
-  return o, (folded[0] if folded else ssm), (ring_d, ring_k, ring_g, ring_beta, ring_rawk,
-                                             ring_rawv)
