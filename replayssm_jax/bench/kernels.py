@@ -38,6 +38,7 @@ from replayssm_jax import GDNConfig, SpecConfig, ssm
 from replayssm_jax.bench.timing import Timing, time_calls
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels import recurrent as recurrent_kernels
+from replayssm_jax.kernels import replay_split
 from replayssm_jax.kernels import replay_verify as replay_kernels
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.state import ReplayCache
@@ -331,6 +332,10 @@ def main(argv=None) -> int:
   p.add_argument("--fold-together", type=float, default=None, metavar="SHARE",
                  help="ReplaySSM rows holding this share of the ring fold along with a step's "
                       "flush rows (SpecConfig.fold_together; default: only flush rows fold)")
+  p.add_argument("--fold-launch", choices=replay_split.FOLD_LAUNCHES,
+                 default=replay_split.FOLD_LAUNCH,
+                 help="how the split verify's stream launches a step's folding rows "
+                      "(replay_split.FOLD_LAUNCH)")
   args = p.parse_args(argv)
   if args.fold_together is not None and not 0 < args.fold_together <= 1:
     p.error(f"--fold-together {args.fold_together} must be a share of the ring in (0, 1].")
@@ -344,29 +349,36 @@ def main(argv=None) -> int:
                 device=device.device_kind, platform=device.platform, jax=jax.__version__,
                 python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
                 copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
-                backend=args.backend, fold_together=args.fold_together, rows=rows)
+                backend=args.backend, fold_together=args.fold_together,
+                fold_launch=args.fold_launch, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1)
 
-  for B in args.batch:
-    if time.monotonic() - start > args.budget_s:
-      print(f"stopping before B={B}: the {args.budget_s} s budget is spent", flush=True)
-      break
-    for name, wp, L, t, model in bench_batch(B, gdn=gdn, reps=args.reps, backend=args.backend,
-                                               decode_rings=args.decode_rings,
-                                               fold_together=args.fold_together):
-      tbps = model / (t.median_us * 1e-6) / 1e12
-      rows.append(dict(kernel=name, B=B, wp=wp, L=L, median_us=round(t.median_us, 2),
-                       p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2), reps=t.reps,
-                       method=t.method, min_bytes=int(model), tbps=round(tbps, 3),
-                       pct_copy=round(100 * tbps * 1e12 / bw, 1), kernels=list(t.kernels),
-                       kernel_us=t.by_kernel(), wall_us=round(t.wall_us, 1)))
-      r = rows[-1]
-      print(f"B={B:4d} {name:18s} wp={wp:3d} L={L:3d} {r['median_us']:10.1f} us "
-            f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%  (wall {r['wall_us']:.1f} us)", flush=True)
-      save()  # after every row: a run cut short keeps what it measured
+  default_launch = replay_split.FOLD_LAUNCH
+  replay_split.FOLD_LAUNCH = args.fold_launch  # read when `ssm` traces its steps,
+  jax.clear_caches()  # so none may be traced under another
+  try:
+    for B in args.batch:
+      if time.monotonic() - start > args.budget_s:
+        print(f"stopping before B={B}: the {args.budget_s} s budget is spent", flush=True)
+        break
+      for name, wp, L, t, model in bench_batch(B, gdn=gdn, reps=args.reps, backend=args.backend,
+                                                 decode_rings=args.decode_rings,
+                                                 fold_together=args.fold_together):
+        tbps = model / (t.median_us * 1e-6) / 1e12
+        rows.append(dict(kernel=name, B=B, wp=wp, L=L, median_us=round(t.median_us, 2),
+                         p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2), reps=t.reps,
+                         method=t.method, min_bytes=int(model), tbps=round(tbps, 3),
+                         pct_copy=round(100 * tbps * 1e12 / bw, 1), kernels=list(t.kernels),
+                         kernel_us=t.by_kernel(), wall_us=round(t.wall_us, 1)))
+        r = rows[-1]
+        print(f"B={B:4d} {name:18s} wp={wp:3d} L={L:3d} {r['median_us']:10.1f} us "
+              f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%  (wall {r['wall_us']:.1f} us)", flush=True)
+        save()  # after every row: a run cut short keeps what it measured
+  finally:
+    replay_split.FOLD_LAUNCH = default_launch
   save()
   print(f"wrote {args.out}")
   return 0
