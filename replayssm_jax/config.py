@@ -179,8 +179,10 @@ class SpecConfig:
       in step with each other; ``None``: only the flush rows fold (DESIGN section 3).
       A fold is exact whenever it runs. The fold replays records one after the other, so a
       step that folds waits for its longest fold: rows out of phase make many steps do that.
-      H200, decode with rows out of phase, L=16, ``fold_together=8``: B=16 38.9 -> 24.3 us a
-      step, B=256 223 -> 217 (benchmarks/NOTES.md run 10).
+      H200, L=16, ``fold_together=8`` (benchmarks/NOTES.md runs 10, 11): decode with rows
+      out of phase 39.0 -> 24.0 us a step at B=16, 79.0 -> 67.5 at B=64, 222.7 -> 217.9 at
+      B=256; verify traffic within 2% either way (B=256 330.6 -> 336.5). Worth setting
+      (to about ``ring_len // 2``) where decode steps dominate, above all at small B.
   """
 
   draft_tokens: int = 4
