@@ -320,12 +320,15 @@ def _flush_some_rows(inp, c: Case):
 FUSED_CASES = [CASES[0], CASES[1], CASES[5]]
 
 
-@pytest.mark.parametrize("launch", replay_split.FOLD_LAUNCHES)
+LAUNCHES = [("shared", False), ("own", False), ("shared", True)]
+
+
+@pytest.mark.parametrize("launch,first", LAUNCHES, ids=[f"{x}{'-first' * y}" for x, y in LAUNCHES])
 @pytest.mark.parametrize("c", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
-def test_fold_inside_the_stream(c: Case, launch, interpret):
+def test_fold_inside_the_stream(c: Case, launch, first, interpret):
   """`fold_and_replay_verify` (the fold in the split form's stream kernel, in the launch of
-  the other rows or in its own) against the fold kernel and then the split verify: the same
-  checkpoint, outputs and rings, to the bit."""
+  the other rows or in its own, the folding rows' programs first or not) against the fold
+  kernel and then the split verify: the same checkpoint, outputs and rings, to the bit."""
   inp = make_inputs(c)
   (count, fold_base), cursors = _flush_some_rows(inp, c)
   inp = {**inp, **cursors}
@@ -341,12 +344,28 @@ def test_fold_inside_the_stream(c: Case, launch, interpret):
   o, ssm, *rings = fold_and_replay_verify(**inp, fold_count=count, fold_base=fold_base,
                                           tuning=tuning, fold_tuning=fold_tuning,
                                           dot_precision=c.precision, interpret=interpret,
-                                          form="split", fold_launch=launch)
+                                          form="split", fold_launch=launch, fold_first=first)
   np.testing.assert_array_equal(bits(ssm), bits(folded))
   np.testing.assert_array_equal(bits(o[valid]), bits(apart[0][valid]))
   np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
   for name, x, y in zip(RING_NAMES, rings, apart[1:]):
     np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+
+
+def test_fold_first_order():
+  """A permutation of the rows, those that fold first, each group in row order; a padding row
+  asking for a fold is not a folding row."""
+  count = jnp.array([0, 3, 0, 0, 5, 2, 0, 1], jnp.int32)
+  slot_ids = jnp.array([0, 1, 2, -1, -1, 5, 6, 7], jnp.int32)
+  order = np.asarray(replay_split.fold_first_order(count, slot_ids))
+  assert order.tolist() == [1, 5, 7, 0, 2, 3, 4, 6]
+  for seed in range(5):
+    rng = np.random.default_rng(seed)
+    count = jnp.asarray(rng.integers(0, 3, 33), jnp.int32)
+    order = np.asarray(replay_split.fold_first_order(count, jnp.arange(33, dtype=jnp.int32)))
+    folds = np.asarray(count) > 0
+    assert sorted(order.tolist()) == list(range(33))
+    assert order.tolist() == np.flatnonzero(folds).tolist() + np.flatnonzero(~folds).tolist()
 
 
 def test_own_fold_launch_without_folding_rows(interpret):

@@ -83,17 +83,19 @@ def test_split_stacked_coefficients_lower(T):
 
 
 
+@pytest.mark.parametrize("fold_first", [False, True])
 @pytest.mark.parametrize("fold_launch", replay_split.FOLD_LAUNCHES)
 @pytest.mark.parametrize("fold_block_v", [32, 64])
 @pytest.mark.parametrize("T", [1, 4])
-def test_fold_inside_the_stream_lowers(T, fold_block_v, fold_launch):
+def test_fold_inside_the_stream_lowers(T, fold_block_v, fold_launch, fold_first):
   """The split verify with the fold in its stream kernel: the fold's arithmetic is the state
   tiles' (fma), and a barrier separates the folded tile's stores from the stream's loads. In
   its own launch, the folding rows' stream runs under a conditional after the plain stream."""
   text = lower(functools.partial(
       replay_split.fold_replay_verify_split, tuning=KernelTuning.replay_default(V, T),
       fold_tuning=KernelTuning.state_default(V), fold_block_v=fold_block_v,
-      fold_launch=fold_launch, dot_precision="default", interpret=False),
+      fold_launch=fold_launch, fold_first=fold_first, dot_precision="default",
+      interpret=False),
       STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32),
       ((B,), jnp.int32))
   assert FMA in text and "gpu.barrier" in text

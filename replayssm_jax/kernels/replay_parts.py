@@ -92,7 +92,8 @@ def scatter_records(ring, slot_ids, phys, records):
 
 
 class TileProgram(NamedTuple):
-  """A program of the grid (B, HV, V // BV): its row, heads, V-block and window output rows."""
+  """A program of the grid (B, HV, V // BV), or (HV, V // BV, B) in a launch order of the rows:
+  its row, heads, V-block and window output rows."""
 
   row: jax.Array
   h: jax.Array  # value head
@@ -105,9 +106,17 @@ class TileProgram(NamedTuple):
   mask_v: jax.Array  # [T_pad, BV]: the rows inside the window
 
 
-def tile_program(slot_ids_ref, o_ref, *, T: int, gqa_ratio: int, block_v: int) -> TileProgram:
-  """The program's coordinates; a padding row gets its zero outputs here (and nothing else)."""
-  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+def tile_program(slot_ids_ref, o_ref, *, T: int, gqa_ratio: int, block_v: int,
+                 row_order_ref=None) -> TileProgram:
+  """The program's coordinates; a padding row gets its zero outputs here (and nothing else).
+
+  With ``row_order_ref`` (``[B]`` int32, a permutation of the rows) the grid is (HV, V // BV, B)
+  and the program at ``(h, j, i)`` works on row ``row_order_ref[i]``: Triton's first grid axis
+  is the fastest in launch order, so a row's programs start together, rows in that order."""
+  if row_order_ref is None:
+    row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  else:
+    h, j, row = pl.program_id(0), pl.program_id(1), row_order_ref[pl.program_id(2)]
   slot = slot_ids_ref[row]
   T_pad = next_power_of_two(T)
   tok = jax.lax.broadcasted_iota(jnp.int32, (T_pad,), 0)

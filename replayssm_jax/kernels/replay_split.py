@@ -196,6 +196,7 @@ class StreamFold(NamedTuple):
   k_chunk: int
   prefetch: bool
   launch: str  # one of FOLD_LAUNCHES
+  first: bool  # launch the folding rows' programs first (`STREAM_FOLD_FIRST`)
   compiled: bool
 
 
@@ -207,7 +208,8 @@ def _stream_kernel(
     ring_d_ref,  # [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref)
     ring_rawv_ref,  # [slots, HV, L, V] activation (aliased; not read)
     *refs,  # fold_count [B] int32 with `fold` or `rows`; with `fold`: fold_base [B] int32,
-    # ring_rawk, ring_g, ring_beta; with rows="folding": o (aliased with o_ref)
+    # ring_rawk, ring_g, ring_beta (, row_order [B] int32 with `fold.first`); with
+    # rows="folding": o (aliased with o_ref)
     # outputs: o [B, T, HV, V] activation, ring_d_out, ring_rawv_out (, ssm_out with `fold`)
     T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
     precision_t, fold: StreamFold | None, rows: str | None):
@@ -218,11 +220,13 @@ def _stream_kernel(
   fold_count_ref = refs.pop(0) if fold is not None or rows is not None else None
   if fold is not None:
     fold_base_ref, ring_rawk_ref, ring_g_ref, ring_beta_ref = (refs.pop(0) for _ in range(4))
+  row_order_ref = refs.pop(0) if fold is not None and fold.first else None
   if rows == "folding":
     del refs[0]  # the outputs of the other rows, written by the launch before (aliased)
   o_ref, ring_d_out_ref, ring_rawv_out_ref, *ssm_out = refs
   ssm_ref = ssm_out[0] if fold is not None else ssm_in_ref
-  p = tile_program(slot_ids_ref, o_ref, T=T, gqa_ratio=gqa_ratio, block_v=block_v)
+  p = tile_program(slot_ids_ref, o_ref, T=T, gqa_ratio=gqa_ratio, block_v=block_v,
+                   row_order_ref=row_order_ref)
   row, h, kh, slot, vs, tok = p.row, p.h, p.kh, p.slot, p.vs, p.tok
   K = ssm_ref.shape[-1]
   T_pad = tok.shape[0]
@@ -297,6 +301,12 @@ COEFFICIENTS = ("pallas", "xla")
 # two branches both write them in place. The "own" conditional writes in one branch only.)
 FOLD_LAUNCHES = ("shared", "own")
 FOLD_LAUNCH = "shared"
+# Whether a stream launch with the fold starts the folding rows' programs first: its grid runs
+# the rows in `fold_first_order`, each row's programs together, where the default grid launches
+# all rows of one head before the next head, so the folding programs of the last heads start
+# last and the step waits for them (run 10: decode with the rows out of phase +6% at B=256,
+# +24% at B=64 over the same work in phase). Not yet measured: off.
+STREAM_FOLD_FIRST = False
 # Which rows' programs of a stream launch work (the others exit): all (None), or those that
 # fold nothing / something this step (``fold_count``), the two launches of "own".
 STREAM_ROWS = (None, "unfolded", "folding")
@@ -340,13 +350,14 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
 
 
 @functools.partial(jax.jit, static_argnames=(*_SPLIT_STATIC, "fold_tuning", "fold_block_v",
-                                             "prefetch", "fold_launch"))
+                                             "prefetch", "fold_launch", "fold_first"))
 def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                              q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
                              fold_count, fold_base, *, tuning: KernelTuning,
                              fold_tuning: KernelTuning, dot_precision: str, interpret: bool,
                              fold_block_v: int | None = None, prefetch: bool | None = None,
-                             fold_launch: str | None = None, coefficients: str = "pallas",
+                             fold_launch: str | None = None, fold_first: bool | None = None,
+                             coefficients: str = "pallas",
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
                              coefficient_stacked: bool = COEFFICIENT_STACKED,
@@ -360,7 +371,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   window. ``write_pos`` and ``cache_base`` are the cursors after the fold (the coefficients see
   no history for a folded row). ``ssm`` is aliased: updated in place. ``fold_launch``
   (default `FOLD_LAUNCH`): the folding rows streamed in the same launch as the others
-  (``"shared"``) or in one of their own, skipped when no row folds (``"own"``); the same bits.
+  (``"shared"``) or in one of their own, skipped when no row folds (``"own"``); ``fold_first``
+  (default `STREAM_FOLD_FIRST`): the folding rows' programs launched first. The same bits.
 
   The bitwise tie: rows are independent, but the order of each sum over K follows how Triton
   lays a ``[fold_block_v, k_chunk]`` chunk over the program's threads. The default,
@@ -381,7 +393,9 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
     raise ValueError(f"fold_launch={fold_launch!r} is unknown; use one of {FOLD_LAUNCHES}.")
   fold = StreamFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
                     prefetch=STREAM_FOLD_PREFETCH if prefetch is None else prefetch,
-                    launch=fold_launch, compiled=not interpret)
+                    launch=fold_launch,
+                    first=STREAM_FOLD_FIRST if fold_first is None else fold_first,
+                    compiled=not interpret)
   o, ssm, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
                          (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base),
                          (fold_count, fold_base), tuning=tuning, fold=fold,
@@ -445,7 +459,10 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
 
   stream = functools.partial(_stream, v, scratch, cursors, tuning=tuning, interpret=interpret,
                              dot_precision=dot_precision, common=common)
-  fold_args = dict(fold=fold, fold_rows=fold_rows, fold_rings=(ring_rawk, ring_g, ring_beta))
+  fold_inputs = (ring_rawk, ring_g, ring_beta)
+  if fold is not None and fold.first:
+    fold_inputs += (fold_first_order(fold_rows[0], slot_ids),)
+  fold_args = dict(fold=fold, fold_rows=fold_rows, fold_inputs=fold_inputs)
   if fold is None:
     o, ring_d, ring_rawv = stream(ssm, ring_d, ring_rawv)
   elif fold.launch == "shared":
@@ -463,15 +480,17 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
 
 def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning,
             interpret: bool, dot_precision: str, common: dict, fold: StreamFold | None = None,
-            rows: str | None = None, fold_rows=(), fold_rings=(), o=None):
+            rows: str | None = None, fold_rows=(), fold_inputs=(), o=None):
   """One launch of `_stream_kernel`; ``ring_d``, ``ring_rawv`` (and with ``fold`` ``ssm``)
   updated in place. ``fold_rows``: ``(fold_count,)`` with ``rows``, ``(fold_count,
-  fold_base)`` with ``fold``; ``o``: the outputs of a launch before it (``rows="folding"``).
-  Returns ``(o, ring_d, ring_rawv)``, and ``ssm`` last with ``fold``."""
-  K, V = ssm.shape[-1], v.shape[-1]
+  fold_base)`` with ``fold``, whose ``fold_inputs`` are ``(ring_rawk, ring_g, ring_beta)``
+  and, with ``fold.first``, the rows' launch order; ``o``: the outputs of a launch before it
+  (``rows="folding"``). Returns ``(o, ring_d, ring_rawv)``, and ``ssm`` last with ``fold``."""
+  B, _, HV, V = v.shape
+  K = ssm.shape[-1]
   kc = min(tuning.k_chunk, K)
   mma = functools.partial(mma_algorithm, interpret=interpret)
-  inputs = [*cursors, v, ssm, *scratch, ring_d, ring_rawv, *fold_rows, *fold_rings]
+  inputs = [*cursors, v, ssm, *scratch, ring_d, ring_rawv, *fold_rows, *fold_inputs]
   aliases = {len(cursors) + 6: 1, len(cursors) + 7: 2}  # ring_d, ring_rawv
   out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (v, ring_d, ring_rawv)]
   if o is not None:
@@ -486,10 +505,21 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
                         precision_l=mma(dot_precision, common["L"]),
                         fold=fold, rows=rows, **common),
       out_shape=tuple(out_shape),
-      grid=(v.shape[0], v.shape[2], V // tuning.block_v),
+      grid=(HV, V // tuning.block_v, B) if fold and fold.first else (B, HV, V // tuning.block_v),
       input_output_aliases=aliases,
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
       name=f"replay_stream_T{common['T']}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
            f"{'_fold' if fold else ''}{'_' + rows if rows else ''}",
   )(*inputs)
+
+
+def fold_first_order(fold_count, slot_ids):
+  """``int32[B]``: the rows in launch order, those that fold this step first (each group in
+  row order); a permutation of ``0..B-1``."""
+  folds = (fold_count > 0) & (slot_ids >= 0)
+  ahead = jnp.cumsum(folds, dtype=jnp.int32)  # folding rows up to and including each row
+  rest = jnp.arange(1, folds.shape[0] + 1, dtype=jnp.int32) - ahead
+  position = jnp.where(folds, ahead, ahead[-1] + rest) - 1
+  return jnp.zeros_like(position).at[position].set(
+      jnp.arange(folds.shape[0], dtype=jnp.int32), unique_indices=True)

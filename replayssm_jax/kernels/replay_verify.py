@@ -356,7 +356,8 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
                            q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
                            fold_count, fold_base, *, tuning: KernelTuning,
                            fold_tuning: KernelTuning, dot_precision: str, interpret: bool,
-                           form: str | None = None, fold_launch: str | None = None):
+                           form: str | None = None, fold_launch: str | None = None,
+                           fold_first: bool | None = None):
   """`fold.fold` of ``fold_count[b]`` records (ring index ``fold_base[b]`` on), then
   `replay_verify`, in the split form's two launches: the stream kernel folds a row's
   checkpoint tile in place before it reads it (`replay_split.fold_replay_verify_split`).
@@ -365,7 +366,8 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
   and ``fold_tuning`` the recurrent kernels' tuning (the fold's bitwise tie); ``ssm`` is
   updated in place. Only the split forms fold (``form`` None picks `backend.replay_form`).
   ``fold_launch``: the folding rows' stream programs in the launch of the others or in their
-  own (`replay_split.FOLD_LAUNCHES`; None: `replay_split.FOLD_LAUNCH`).
+  own (`replay_split.FOLD_LAUNCHES`; None: `replay_split.FOLD_LAUNCH`); ``fold_first``: those
+  programs launched first (None: `replay_split.STREAM_FOLD_FIRST`).
 
   Returns:
     ``(o, ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``.
@@ -384,6 +386,7 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
       *args, fold_count, fold_base, tuning=tuning, fold_tuning=fold_tuning,
       dot_precision=dot_precision, interpret=interpret,
       fold_launch=fold_launch or replay_split.FOLD_LAUNCH,
+      fold_first=replay_split.STREAM_FOLD_FIRST if fold_first is None else fold_first,
       coefficients="xla" if form == "split-xla" else "pallas")
 
 
