@@ -336,6 +336,10 @@ def main(argv=None) -> int:
                  default=replay_split.FOLD_LAUNCH,
                  help="how the split verify's stream launches a step's folding rows "
                       "(replay_split.FOLD_LAUNCH)")
+  p.add_argument("--fold-first", action=argparse.BooleanOptionalAction,
+                 default=replay_split.STREAM_FOLD_FIRST,
+                 help="launch the folding rows' stream programs first "
+                      "(replay_split.STREAM_FOLD_FIRST)")
   args = p.parse_args(argv)
   if args.fold_together is not None and not 0 < args.fold_together <= 1:
     p.error(f"--fold-together {args.fold_together} must be a share of the ring in (0, 1].")
@@ -350,15 +354,18 @@ def main(argv=None) -> int:
                 python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
                 copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
                 backend=args.backend, fold_together=args.fold_together,
-                fold_launch=args.fold_launch, rows=rows)
+                fold_launch=args.fold_launch, fold_first=args.fold_first, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1)
 
-  default_launch = replay_split.FOLD_LAUNCH
-  replay_split.FOLD_LAUNCH = args.fold_launch  # read when `ssm` traces its steps,
-  jax.clear_caches()  # so none may be traced under another
+  # Read when `ssm` traces its steps, so no step may be traced under other values.
+  knobs = dict(FOLD_LAUNCH=args.fold_launch, STREAM_FOLD_FIRST=args.fold_first)
+  defaults = {name: getattr(replay_split, name) for name in knobs}
+  for name, value in knobs.items():
+    setattr(replay_split, name, value)
+  jax.clear_caches()
   try:
     for B in args.batch:
       if time.monotonic() - start > args.budget_s:
@@ -378,7 +385,8 @@ def main(argv=None) -> int:
               f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%  (wall {r['wall_us']:.1f} us)", flush=True)
         save()  # after every row: a run cut short keeps what it measured
   finally:
-    replay_split.FOLD_LAUNCH = default_launch
+    for name, value in defaults.items():
+      setattr(replay_split, name, value)
   save()
   print(f"wrote {args.out}")
   return 0
