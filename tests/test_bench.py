@@ -85,7 +85,8 @@ def test_byte_models_match_the_anchor():
 
 
 def test_summary_table_skips_batch_sizes_cut_short():
-  """A run cut short (here B=512 has only its first row) reports the complete batch sizes."""
+  """A run cut short (here B=512 has only its first row) reports the complete batch sizes; the
+  paths out of phase show where the file has them."""
   from replayssm_jax.bench import report
 
   def row(kernel, B, L, us):
@@ -95,8 +96,12 @@ def test_summary_table_skips_batch_sizes_cut_short():
           row("rssm_step_mixed", 256, 16, 649.0), row("rec_decode", 256, 0, 304.0),
           row("rssm_decode_cycle", 256, 16, 267.0), row("rec_verify", 512, 0, 1569.0)]
   table = report.summary_table({"rows": rows})
-  assert "| 256 | 1046.0 | 649.0 | 1.61x | 304.0 | 267.0 | 1.14x |" in table
+  assert "| 256 | 1046.0 | 649.0 | 1.61x | - | - | 304.0 | 267.0 | 1.14x | - | - |" in table
   assert "| 512 |" not in table
+  rows += [row("rssm_traffic", 256, 16, 523.0), row("rssm_decode_spread", 256, 16, 320.0)]
+  table = report.summary_table({"rows": rows})
+  assert ("| 256 | 1046.0 | 649.0 | 1.61x | 523.0 | 2.00x | 304.0 | 267.0 | 1.14x | 320.0 "
+          "| 0.95x |") in table
 
 
 def test_kernel_table_shows_rows_without_quantiles():
