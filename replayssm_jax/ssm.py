@@ -85,7 +85,8 @@ SKIP_IDLE_FOLD = True
 # fold launch before it. H200, B=256 (benchmarks/NOTES.md run 9): the mixed-phase step 446 ->
 # 392 us and an all-flush step 766 -> 714, but a step in which no row folds 210 -> 231 (the
 # fold's code costs the stream occupancy) and the decode cycle 213 -> 214. Skipping the fused
-# stream for such steps with a `lax.cond` made XLA copy the rings, so there is no skip.
+# stream for such steps with a `lax.cond` made XLA copy the rings, so there is no skip; the
+# folding rows in a launch of their own (`replay_split.FOLD_LAUNCH`) lose under real traffic.
 FUSE_FOLD = True
 
 
