@@ -214,7 +214,8 @@ def _stream_kernel(
     T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
     precision_t, fold: StreamFold | None, rows: str | None):
   """One program per ``[block_v, K]`` checkpoint tile of a (row, value head). ``rows``: which
-  rows' programs work (`STREAM_ROWS`), the others only exit."""
+  rows' programs work, the others only exit: all (None), or those that fold nothing
+  (``"unfolded"``) or something (``"folding"``) this step, the two launches of "own"."""
   del ring_rawv_ref  # read and written through the aliased output
   refs = list(refs)
   fold_count_ref = refs.pop(0) if fold is not None or rows is not None else None
@@ -307,9 +308,6 @@ FOLD_LAUNCH = "shared"
 # last and the step waits for them (run 10: decode with the rows out of phase +6% at B=256,
 # +24% at B=64 over the same work in phase). Not yet measured: off.
 STREAM_FOLD_FIRST = False
-# Which rows' programs of a stream launch work (the others exit): all (None), or those that
-# fold nothing / something this step (``fold_count``), the two launches of "own".
-STREAM_ROWS = (None, "unfolded", "folding")
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
 # Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
 # (707 -> 733), and the decode cycle lost 1.5-2.3 us (benchmarks/NOTES.md run 10).
