@@ -306,7 +306,10 @@ FOLD_LAUNCH = "shared"
 # the rows in `fold_first_order`, each row's programs together, where the default grid launches
 # all rows of one head before the next head, so the folding programs of the last heads start
 # last and the step waits for them (run 10: decode with the rows out of phase +6% at B=256,
-# +24% at B=64 over the same work in phase). Not yet measured: off.
+# +24% at B=64 over the same work in phase). H200, B=64 (benchmarks/NOTES.md run 11, another
+# machine than the baseline): decode out of phase 79.0 -> 66.1 us and verify traffic 106.4 ->
+# 99.8, but the in-phase decode cycle 64.2 -> 67.8 and a step without a fold 65.7 -> 68.9;
+# B=256 traffic and decode not yet measured, so off.
 STREAM_FOLD_FIRST = False
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
 # Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
