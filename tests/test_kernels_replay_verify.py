@@ -352,20 +352,33 @@ def test_fold_inside_the_stream(c: Case, launch, first, interpret):
     np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
 
 
+def test_fused_cases_permute_the_rows():
+  """`test_fold_inside_the_stream`'s fold-first launch meets a launch order that is not the row
+  order, so a row's arrays read at the wrong place would show."""
+  orders = []
+  for c in FUSED_CASES:
+    inp = make_inputs(c)
+    (count, _), _ = _flush_some_rows(inp, c)
+    orders.append(replay_split.fold_first_order(count, inp["slot_ids"])[0].tolist())
+  assert any(order != sorted(order) for order in orders), orders
+
+
 def test_fold_first_order():
-  """A permutation of the rows, those that fold first, each group in row order; a padding row
-  asking for a fold is not a folding row."""
+  """A permutation of the rows, those that fold first, each group in row order, and the row
+  arrays put in that order; a padding row asking for a fold is not a folding row."""
   count = jnp.array([0, 3, 0, 0, 5, 2, 0, 1], jnp.int32)
   slot_ids = jnp.array([0, 1, 2, -1, -1, 5, 6, 7], jnp.int32)
-  order = np.asarray(replay_split.fold_first_order(count, slot_ids))
+  order, slots, counts = replay_split.fold_first_order(count, slot_ids, slot_ids, count)
   assert order.tolist() == [1, 5, 7, 0, 2, 3, 4, 6]
+  assert slots.tolist() == [1, 5, 7, 0, 2, -1, -1, 6] and counts.tolist() == [3, 2, 1, 0, 0, 0, 5, 0]
   for seed in range(5):
     rng = np.random.default_rng(seed)
     count = jnp.asarray(rng.integers(0, 3, 33), jnp.int32)
-    order = np.asarray(replay_split.fold_first_order(count, jnp.arange(33, dtype=jnp.int32)))
+    values = jnp.asarray(rng.integers(-9, 9, 33), jnp.int32)
+    order, in_order = replay_split.fold_first_order(count, jnp.arange(33, dtype=jnp.int32), values)
     folds = np.asarray(count) > 0
-    assert sorted(order.tolist()) == list(range(33))
     assert order.tolist() == np.flatnonzero(folds).tolist() + np.flatnonzero(~folds).tolist()
+    assert in_order.tolist() == np.asarray(values)[np.asarray(order)].tolist()
 
 
 def test_own_fold_launch_without_folding_rows(interpret):

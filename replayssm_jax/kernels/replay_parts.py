@@ -92,10 +92,11 @@ def scatter_records(ring, slot_ids, phys, records):
 
 
 class TileProgram(NamedTuple):
-  """A program of the grid (B, HV, V // BV), or (HV, V // BV, B) in a launch order of the rows:
-  its row, heads, V-block and window output rows."""
+  """A program of the grid (B, HV, V // BV), or (HV, V // BV, B) in a launch order of the rows
+  (`tile_program`): its row, heads, V-block and window output rows."""
 
   row: jax.Array
+  pos: jax.Array  # where the row's slot and cursors are: the row, or its place in launch order
   h: jax.Array  # value head
   j: jax.Array  # V-block
   kh: jax.Array  # its key head
@@ -111,13 +112,17 @@ def tile_program(slot_ids_ref, o_ref, *, T: int, gqa_ratio: int, block_v: int,
   """The program's coordinates; a padding row gets its zero outputs here (and nothing else).
 
   With ``row_order_ref`` (``[B]`` int32, a permutation of the rows) the grid is (HV, V // BV, B)
-  and the program at ``(h, j, i)`` works on row ``row_order_ref[i]``: Triton's first grid axis
-  is the fastest in launch order, so a row's programs start together, rows in that order."""
+  and the program at ``(h, j, i)`` works on row ``row_order_ref[i]``, whose slot and cursors
+  are at ``pos = i`` of the row arrays, which the caller put in that order too (so a program
+  finds its slot in one load, not two in a chain): Triton's first grid axis is the fastest in
+  launch order, so a row's programs start together, rows in that order."""
   if row_order_ref is None:
     row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    pos = row
   else:
-    h, j, row = pl.program_id(0), pl.program_id(1), row_order_ref[pl.program_id(2)]
-  slot = slot_ids_ref[row]
+    h, j, pos = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    row = row_order_ref[pos]
+  slot = slot_ids_ref[pos]
   T_pad = next_power_of_two(T)
   tok = jax.lax.broadcasted_iota(jnp.int32, (T_pad,), 0)
   rows_v = (tok[:, None], j * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1))
@@ -127,8 +132,8 @@ def tile_program(slot_ids_ref, o_ref, *, T: int, gqa_ratio: int, block_v: int,
   def _padding():
     store_rows(o_ref, (row, rows_v[0], h, rows_v[1]), jnp.zeros((T_pad, block_v)), mask_v)
 
-  return TileProgram(row, h, j, h // gqa_ratio, slot, pl.ds(j * block_v, block_v), tok, rows_v,
-                     mask_v)
+  return TileProgram(row, pos, h, j, h // gqa_ratio, slot, pl.ds(j * block_v, block_v), tok,
+                     rows_v, mask_v)
 
 
 class WindowKeys(NamedTuple):

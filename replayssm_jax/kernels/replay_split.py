@@ -208,7 +208,8 @@ def _stream_kernel(
     ring_d_ref,  # [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref)
     ring_rawv_ref,  # [slots, HV, L, V] activation (aliased; not read)
     *refs,  # fold_count [B] int32 with `fold` or `rows`; with `fold`: fold_base [B] int32,
-    # ring_rawk, ring_g, ring_beta (, row_order [B] int32 with `fold.first`); with
+    # ring_rawk, ring_g, ring_beta (, row_order [B] int32 with `fold.first`: then the [B] row
+    # arrays, slot_ids to fold_base, are in launch order, `tile_program`'s pos); with
     # rows="folding": o (aliased with o_ref)
     # outputs: o [B, T, HV, V] activation, ring_d_out, ring_rawv_out (, ssm_out with `fold`)
     T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
@@ -228,20 +229,20 @@ def _stream_kernel(
   ssm_ref = ssm_out[0] if fold is not None else ssm_in_ref
   p = tile_program(slot_ids_ref, o_ref, T=T, gqa_ratio=gqa_ratio, block_v=block_v,
                    row_order_ref=row_order_ref)
-  row, h, kh, slot, vs, tok = p.row, p.h, p.kh, p.slot, p.vs, p.tok
+  row, pos, h, kh, slot, vs, tok = p.row, p.pos, p.h, p.kh, p.slot, p.vs, p.tok
   K = ssm_ref.shape[-1]
   T_pad = tok.shape[0]
   works = slot >= 0
   if rows is not None:
-    works &= (fold_count_ref[row] > 0) == (rows == "folding")
+    works &= (fold_count_ref[pos] > 0) == (rows == "folding")
 
   @pl.when(works)
   def _stream():
-    write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
+    write_pos, cache_base = write_pos_ref[pos], cache_base_ref[pos]
     if fold is not None:
       _fold_tile_first(ssm_ref, ring_rawk_ref, ring_rawv_out_ref, ring_g_ref, ring_beta_ref,
                        fold, slot=slot, h=h, kh=kh, first_row=p.j * block_v, rows=block_v,
-                       count=fold_count_ref[row], base=fold_base_ref[row], L=L)
+                       count=fold_count_ref[pos], base=fold_base_ref[pos], L=L)
 
     def chunk(c, Y):  # Y += X[:, chunk] S0[:, chunk]^T: a loop Triton software-pipelines
       ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
@@ -306,11 +307,12 @@ FOLD_LAUNCH = "shared"
 # the rows in `fold_first_order`, each row's programs together, where the default grid launches
 # all rows of one head before the next head, so the folding programs of the last heads start
 # last and the step waits for them (run 10: decode with the rows out of phase +6% at B=256,
-# +24% at B=64 over the same work in phase). H200, B=64 (benchmarks/NOTES.md run 11, another
-# machine than the baseline): decode out of phase 79.0 -> 66.1 us and verify traffic 106.4 ->
-# 99.8, but the in-phase decode cycle 64.2 -> 67.8 and a step without a fold 65.7 -> 68.9;
-# B=256 traffic and decode not yet measured, so off.
-STREAM_FOLD_FIRST = False
+# +24% at B=64 over the same work in phase). H200 (benchmarks/NOTES.md run 12), B=256 / 64:
+# decode out of phase 219.1 -> 208.2 / 75.0 -> 60.2 us, verify traffic 323.5 -> 322.9 / 97.1 ->
+# 88.6, the mixed step 378.8 -> 378.4 / 113.1 -> 107.2; but the in-phase decode cycle 206.7 ->
+# 208.9 / 60.3 -> 62.5 and a step without a fold 221.1 -> 224.8 / 64.8 -> 69.3: the stream
+# itself is faster in every case, the order's XLA ops cost 5.3 us a step.
+STREAM_FOLD_FIRST = True
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
 # Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
 # (707 -> 733), and the decode cycle lost 1.5-2.3 us (benchmarks/NOTES.md run 10).
@@ -458,23 +460,27 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
         name=f"replay_coefficients_T{T}",
     )(*inputs)
 
-  stream = functools.partial(_stream, v, scratch, cursors, tuning=tuning, interpret=interpret,
+  stream = functools.partial(_stream, v, scratch, tuning=tuning, interpret=interpret,
                              dot_precision=dot_precision, common=common)
-  fold_inputs = (ring_rawk, ring_g, ring_beta)
-  if fold is not None and fold.first:
-    fold_inputs += (fold_first_order(fold_rows[0], slot_ids),)
-  fold_args = dict(fold=fold, fold_rows=fold_rows, fold_inputs=fold_inputs)
+  fold_args = dict(fold=fold, fold_rows=fold_rows, fold_inputs=(ring_rawk, ring_g, ring_beta))
+  fused_cursors = cursors
+  if fold is not None and fold.first:  # the row arrays in launch order (`tile_program`)
+    order, *in_order = fold_first_order(fold_rows[0], slot_ids, *cursors, *fold_rows)
+    fused_cursors = tuple(in_order[:len(cursors)])
+    fold_args.update(fold_rows=tuple(in_order[len(cursors):]),
+                     fold_inputs=(*fold_args["fold_inputs"], order))
   if fold is None:
-    o, ring_d, ring_rawv = stream(ssm, ring_d, ring_rawv)
+    o, ring_d, ring_rawv = stream(cursors, ssm, ring_d, ring_rawv)
   elif fold.launch == "shared":
-    o, ring_d, ring_rawv, ssm = stream(ssm, ring_d, ring_rawv, **fold_args)
+    o, ring_d, ring_rawv, ssm = stream(fused_cursors, ssm, ring_d, ring_rawv, **fold_args)
   else:  # "own": the rows that fold nothing, then, if the device finds any, the folding rows
     fold_count = fold_rows[0]
-    o, ring_d, ring_rawv = stream(ssm, ring_d, ring_rawv, rows="unfolded",
+    o, ring_d, ring_rawv = stream(cursors, ssm, ring_d, ring_rawv, rows="unfolded",
                                   fold_rows=(fold_count,))
     o, ring_d, ring_rawv, ssm = jax.lax.cond(
         jnp.any((fold_count > 0) & (slot_ids >= 0)),
-        lambda o, d, rawv, ssm: stream(ssm, d, rawv, o=o, rows="folding", **fold_args),
+        lambda o, d, rawv, ssm: stream(fused_cursors, ssm, d, rawv, o=o, rows="folding",
+                                       **fold_args),
         lambda *outs: outs, o, ring_d, ring_rawv, ssm)
   return o, ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)
 
@@ -485,7 +491,8 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
   """One launch of `_stream_kernel`; ``ring_d``, ``ring_rawv`` (and with ``fold`` ``ssm``)
   updated in place. ``fold_rows``: ``(fold_count,)`` with ``rows``, ``(fold_count,
   fold_base)`` with ``fold``, whose ``fold_inputs`` are ``(ring_rawk, ring_g, ring_beta)``
-  and, with ``fold.first``, the rows' launch order; ``o``: the outputs of a launch before it
+  and, with ``fold.first``, the rows' launch order, in which ``cursors`` and ``fold_rows`` then
+  come (`tile_program`); ``o``: the outputs of a launch before it
   (``rows="folding"``). Returns ``(o, ring_d, ring_rawv)``, and ``ssm`` last with ``fold``."""
   B, _, HV, V = v.shape
   K = ssm.shape[-1]
@@ -515,12 +522,18 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
   )(*inputs)
 
 
-def fold_first_order(fold_count, slot_ids):
-  """``int32[B]``: the rows in launch order, those that fold this step first (each group in
-  row order); a permutation of ``0..B-1``."""
+def fold_first_order(fold_count, slot_ids, *row_arrays):
+  """The rows in launch order, those that fold this step first (each group in row order): the
+  permutation ``int32[B]``, then each of ``row_arrays`` (``[B]`` each) put in that order.
+
+  Counts and masked sums over ``[B, B]`` compares (no sort, cumsum or scatter), so the arrays
+  come in order from the same reductions. On the H200 these are four small XLA kernels, 5.3 us
+  a step at B=256 (benchmarks/NOTES.md run 12): more than the stream gains from the order when
+  the rows are in phase."""
   folds = (fold_count > 0) & (slot_ids >= 0)
-  ahead = jnp.cumsum(folds, dtype=jnp.int32)  # folding rows up to and including each row
-  rest = jnp.arange(1, folds.shape[0] + 1, dtype=jnp.int32) - ahead
-  position = jnp.where(folds, ahead, ahead[-1] + rest) - 1
-  return jnp.zeros_like(position).at[position].set(
-      jnp.arange(folds.shape[0], dtype=jnp.int32), unique_indices=True)
+  rows = jnp.arange(folds.shape[0], dtype=jnp.int32)
+  key = jnp.where(folds, rows, rows + folds.shape[0])  # distinct; the folding rows' smallest
+  rank = jnp.sum(key[None, :] < key[:, None], axis=1, dtype=jnp.int32)  # row r goes rank[r]-th
+  launched = rank[None, :] == rows[:, None]  # [i, r]: row r is launched i-th
+  return tuple(jnp.sum(jnp.where(launched, x[None, :], 0), axis=1, dtype=x.dtype)
+               for x in (rows, *row_arrays))
