@@ -28,17 +28,21 @@ def test_bench_smoke(tmp_path):
 
 def test_bench_fold_together_smoke(tmp_path):
   """``--fold-together``: every path runs with rows folding along; the file says so, and the
-  ``--fold-launch`` and ``--fold-first`` it ran under, which end with the call."""
+  ``--fold-launch``, ``--fold-first`` and ``--launch-order`` it ran under, which end with the
+  call."""
   out = tmp_path / "results.json"
   other = next(x for x in replay_split.FOLD_LAUNCHES if x != replay_split.FOLD_LAUNCH)
   default, first = replay_split.FOLD_LAUNCH, replay_split.STREAM_FOLD_FIRST
+  order = next(x for x in replay_split.LAUNCH_ORDERS if x != replay_split.LAUNCH_ORDER)
   assert kernels.main(["--tiny", "--batch", "2", "--reps", "1", "--copy-gib", "0.004",
                        "--decode-rings", "8", "--fold-together", "0.5", "--fold-launch", other,
-                       "--no-fold-first" if first else "--fold-first", "--out", str(out)]) == 0
+                       "--no-fold-first" if first else "--fold-first", "--launch-order", order,
+                       "--out", str(out)]) == 0
   result = json.loads(out.read_text())
   assert result["fold_together"] == 0.5
   assert result["fold_launch"] == other and replay_split.FOLD_LAUNCH == default
   assert result["fold_first"] is not first and replay_split.STREAM_FOLD_FIRST is first
+  assert result["launch_order"] == order and replay_split.LAUNCH_ORDER != order
   assert {r["kernel"] for r in result["rows"]} >= {"rssm_step_mixed", "rssm_decode_spread"}
   assert [kernels.fold_together_records(x, 16) for x in (None, 0.5, 0.01, 1.0)] == [None, 8, 1, 16]
   with pytest.raises(SystemExit):

@@ -320,15 +320,18 @@ def _flush_some_rows(inp, c: Case):
 FUSED_CASES = [CASES[0], CASES[1], CASES[5]]
 
 
-LAUNCHES = [("shared", False), ("own", False), ("shared", True)]
+LAUNCHES = [("shared", False, "xla"), ("own", False, "xla"), ("shared", True, "xla"),
+            ("shared", True, "pallas"), ("own", True, "pallas")]
 
 
-@pytest.mark.parametrize("launch,first", LAUNCHES, ids=[f"{x}{'-first' * y}" for x, y in LAUNCHES])
+@pytest.mark.parametrize("launch,first,order", LAUNCHES,
+                         ids=[f"{x}{f'-first-{z}' * y}" for x, y, z in LAUNCHES])
 @pytest.mark.parametrize("c", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
-def test_fold_inside_the_stream(c: Case, launch, first, interpret):
+def test_fold_inside_the_stream(c: Case, launch, first, order, interpret):
   """`fold_and_replay_verify` (the fold in the split form's stream kernel, in the launch of
-  the other rows or in its own, the folding rows' programs first or not) against the fold
-  kernel and then the split verify: the same checkpoint, outputs and rings, to the bit."""
+  the other rows or in its own, the folding rows' programs first or not, their order by XLA
+  ops or a kernel) against the fold kernel and then the split verify: the same checkpoint,
+  outputs and rings, to the bit."""
   inp = make_inputs(c)
   (count, fold_base), cursors = _flush_some_rows(inp, c)
   inp = {**inp, **cursors}
@@ -344,7 +347,8 @@ def test_fold_inside_the_stream(c: Case, launch, first, interpret):
   o, ssm, *rings = fold_and_replay_verify(**inp, fold_count=count, fold_base=fold_base,
                                           tuning=tuning, fold_tuning=fold_tuning,
                                           dot_precision=c.precision, interpret=interpret,
-                                          form="split", fold_launch=launch, fold_first=first)
+                                          form="split", fold_launch=launch, fold_first=first,
+                                          launch_order=order)
   np.testing.assert_array_equal(bits(ssm), bits(folded))
   np.testing.assert_array_equal(bits(o[valid]), bits(apart[0][valid]))
   np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
@@ -381,6 +385,20 @@ def test_fold_first_order():
     assert in_order.tolist() == np.asarray(values)[np.asarray(order)].tolist()
 
 
+@pytest.mark.parametrize("B", [1, 3, 8, 33])
+def test_launch_order_kernel(B, interpret):
+  """The launch order's kernel gives `fold_first_order`'s permutation and arrays, B a power of
+  two or not, padding rows that ask for a fold among them."""
+  rng = np.random.default_rng(B)
+  count = jnp.asarray(rng.integers(0, 3, B), jnp.int32)
+  slot_ids = jnp.asarray(np.where(rng.random(B) < 0.2, -1, rng.permutation(B)), jnp.int32)
+  values = [jnp.asarray(rng.integers(-99, 99, B), jnp.int32) for _ in range(3)]
+  want = replay_split.fold_first_order(count, slot_ids, *values)
+  got = replay_split.launch_order(count, slot_ids, *values, interpret=interpret)
+  for x, y in zip(want, got, strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_own_fold_launch_without_folding_rows(interpret):
   """With no row to fold, the "own" launch is the plain stream alone: the split verify's bits,
   the checkpoint untouched (the padding row's fold count must not start the folding launch)."""
@@ -409,6 +427,9 @@ def test_fold_inside_the_stream_validation():
     call(fold_count=count, fold_tuning=KernelTuning(block_v=8), form="ut")
   with pytest.raises(ValueError, match=r"fold_count is float32\[4\]; expected int32\[4\]"):
     call(fold_count=count.astype(jnp.float32), fold_tuning=KernelTuning(block_v=8), form="split")
+  with pytest.raises(ValueError, match="launch_order='sort' is unknown"):
+    call(fold_count=count, fold_tuning=KernelTuning(block_v=8), form="split",
+         launch_order="sort")
   with pytest.raises(ValueError, match="fold_launch='apart' is unknown"):
     replay_split.fold_replay_verify_split(
         **inp, fold_count=count, fold_base=fold_base, tuning=KernelTuning(block_v=16),

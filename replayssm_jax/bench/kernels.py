@@ -340,6 +340,9 @@ def main(argv=None) -> int:
                  default=replay_split.STREAM_FOLD_FIRST,
                  help="launch the folding rows' stream programs first "
                       "(replay_split.STREAM_FOLD_FIRST)")
+  p.add_argument("--launch-order", choices=replay_split.LAUNCH_ORDERS,
+                 default=replay_split.LAUNCH_ORDER,
+                 help="how the fold-first launch order is computed (replay_split.LAUNCH_ORDER)")
   args = p.parse_args(argv)
   if args.fold_together is not None and not 0 < args.fold_together <= 1:
     p.error(f"--fold-together {args.fold_together} must be a share of the ring in (0, 1].")
@@ -354,14 +357,16 @@ def main(argv=None) -> int:
                 python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
                 copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
                 backend=args.backend, fold_together=args.fold_together,
-                fold_launch=args.fold_launch, fold_first=args.fold_first, rows=rows)
+                fold_launch=args.fold_launch, fold_first=args.fold_first,
+                launch_order=args.launch_order, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1)
 
   # Read when `ssm` traces its steps, so no step may be traced under other values.
-  knobs = dict(FOLD_LAUNCH=args.fold_launch, STREAM_FOLD_FIRST=args.fold_first)
+  knobs = dict(FOLD_LAUNCH=args.fold_launch, STREAM_FOLD_FIRST=args.fold_first,
+               LAUNCH_ORDER=args.launch_order)
   defaults = {name: getattr(replay_split, name) for name in knobs}
   for name, value in knobs.items():
     setattr(replay_split, name, value)

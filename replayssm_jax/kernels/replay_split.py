@@ -197,6 +197,7 @@ class StreamFold(NamedTuple):
   prefetch: bool
   launch: str  # one of FOLD_LAUNCHES
   first: bool  # launch the folding rows' programs first (`STREAM_FOLD_FIRST`)
+  order: str  # how that order is computed (`LAUNCH_ORDER`)
   compiled: bool
 
 
@@ -313,6 +314,13 @@ FOLD_LAUNCH = "shared"
 # 208.9 / 60.3 -> 62.5 and a step without a fold 221.1 -> 224.8 / 64.8 -> 69.3: the stream
 # itself is faster in every case, the order's XLA ops cost 5.3 us a step.
 STREAM_FOLD_FIRST = True
+# How the fold-first launch order and the row arrays in it are computed: "xla", XLA ops before
+# the stream (`fold_first_order`: 5.3 us of small kernels a step at B=256, benchmarks/NOTES.md
+# run 12), or "pallas", one small kernel (`launch_order`: each row ranks itself and stores its
+# entries at its rank). "pallas" is built and tested on the CPU, not yet measured: predicted
+# ~1.5 us, the decode cycle at B=256 208.9 -> ~205 us.
+LAUNCH_ORDERS = ("xla", "pallas")
+LAUNCH_ORDER = "xla"
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
 # Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
 # (707 -> 733), and the decode cycle lost 1.5-2.3 us (benchmarks/NOTES.md run 10).
@@ -353,14 +361,15 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
 
 
 @functools.partial(jax.jit, static_argnames=(*_SPLIT_STATIC, "fold_tuning", "fold_block_v",
-                                             "prefetch", "fold_launch", "fold_first"))
+                                             "prefetch", "fold_launch", "fold_first",
+                                             "launch_order"))
 def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                              q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
                              fold_count, fold_base, *, tuning: KernelTuning,
                              fold_tuning: KernelTuning, dot_precision: str, interpret: bool,
                              fold_block_v: int | None = None, prefetch: bool | None = None,
                              fold_launch: str | None = None, fold_first: bool | None = None,
-                             coefficients: str = "pallas",
+                             launch_order: str | None = None, coefficients: str = "pallas",
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
                              coefficient_stacked: bool = COEFFICIENT_STACKED,
@@ -375,7 +384,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   no history for a folded row). ``ssm`` is aliased: updated in place. ``fold_launch``
   (default `FOLD_LAUNCH`): the folding rows streamed in the same launch as the others
   (``"shared"``) or in one of their own, skipped when no row folds (``"own"``); ``fold_first``
-  (default `STREAM_FOLD_FIRST`): the folding rows' programs launched first. The same bits.
+  (default `STREAM_FOLD_FIRST`): the folding rows' programs launched first, in the order that
+  ``launch_order`` computes (default `LAUNCH_ORDER`). The same bits.
 
   The bitwise tie: rows are independent, but the order of each sum over K follows how Triton
   lays a ``[fold_block_v, k_chunk]`` chunk over the program's threads. The default,
@@ -394,11 +404,14 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   fold_launch = fold_launch or FOLD_LAUNCH
   if fold_launch not in FOLD_LAUNCHES:
     raise ValueError(f"fold_launch={fold_launch!r} is unknown; use one of {FOLD_LAUNCHES}.")
+  launch_order = launch_order or LAUNCH_ORDER
+  if launch_order not in LAUNCH_ORDERS:
+    raise ValueError(f"launch_order={launch_order!r} is unknown; use one of {LAUNCH_ORDERS}.")
   fold = StreamFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
                     prefetch=STREAM_FOLD_PREFETCH if prefetch is None else prefetch,
                     launch=fold_launch,
                     first=STREAM_FOLD_FIRST if fold_first is None else fold_first,
-                    compiled=not interpret)
+                    order=launch_order, compiled=not interpret)
   o, ssm, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
                          (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base),
                          (fold_count, fold_base), tuning=tuning, fold=fold,
@@ -465,7 +478,9 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   fold_args = dict(fold=fold, fold_rows=fold_rows, fold_inputs=(ring_rawk, ring_g, ring_beta))
   fused_cursors = cursors
   if fold is not None and fold.first:  # the row arrays in launch order (`tile_program`)
-    order, *in_order = fold_first_order(fold_rows[0], slot_ids, *cursors, *fold_rows)
+    ordered = fold_first_order if fold.order == "xla" else functools.partial(
+        launch_order, interpret=interpret)
+    order, *in_order = ordered(fold_rows[0], slot_ids, *cursors, *fold_rows)
     fused_cursors = tuple(in_order[:len(cursors)])
     fold_args.update(fold_rows=tuple(in_order[len(cursors):]),
                      fold_inputs=(*fold_args["fold_inputs"], order))
@@ -537,3 +552,36 @@ def fold_first_order(fold_count, slot_ids, *row_arrays):
   launched = rank[None, :] == rows[:, None]  # [i, r]: row r is launched i-th
   return tuple(jnp.sum(jnp.where(launched, x[None, :], 0), axis=1, dtype=x.dtype)
                for x in (rows, *row_arrays))
+
+
+def _launch_order_kernel(fold_count_ref, slot_ids_ref, *refs, B: int):
+  """One program per row: its rank in `fold_first_order`, at which it stores its index and its
+  entry of each row array. ``refs``: the row arrays, then the order and the arrays in it."""
+  row_refs, (order_ref, *out_refs) = refs[:len(refs) // 2], refs[len(refs) // 2:]
+  row = pl.program_id(0)
+  lanes = jax.lax.broadcasted_iota(jnp.int32, (next_power_of_two(B),), 0)
+  at = jnp.minimum(lanes, B - 1)  # lanes past B read row B - 1 and are not counted
+  folds = (fold_count_ref[at] > 0) & (slot_ids_ref[at] >= 0)
+  key = jnp.where(folds, lanes, lanes + B)  # distinct; the folding rows' smallest
+  mine = jnp.where((fold_count_ref[row] > 0) & (slot_ids_ref[row] >= 0), row, row + B)
+  rank = jnp.sum(jnp.where((lanes < B) & (key < mine), 1, 0))
+  order_ref[rank] = row
+  for x_ref, out_ref in zip(row_refs, out_refs):
+    out_ref[rank] = x_ref[row]
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def launch_order(fold_count, slot_ids, *row_arrays, interpret: bool):
+  """`fold_first_order` as one small Pallas kernel (`LAUNCH_ORDER = "pallas"`): the same
+  permutation and arrays (``int32[B]`` each), from one launch of B one-warp programs."""
+  B = slot_ids.shape[0]
+  outs = (jax.ShapeDtypeStruct((B,), jnp.int32),
+          *(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in row_arrays))
+  return pl.pallas_call(
+      functools.partial(_launch_order_kernel, B=B),
+      out_shape=outs,
+      grid=(B,),
+      interpret=interpret,
+      compiler_params=KernelTuning(num_warps=1, num_stages=1).compiler_params(),
+      name="launch_order",
+  )(fold_count, slot_ids, *row_arrays)

@@ -357,7 +357,7 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
                            fold_count, fold_base, *, tuning: KernelTuning,
                            fold_tuning: KernelTuning, dot_precision: str, interpret: bool,
                            form: str | None = None, fold_launch: str | None = None,
-                           fold_first: bool | None = None):
+                           fold_first: bool | None = None, launch_order: str | None = None):
   """`fold.fold` of ``fold_count[b]`` records (ring index ``fold_base[b]`` on), then
   `replay_verify`, in the split form's two launches: the stream kernel folds a row's
   checkpoint tile in place before it reads it (`replay_split.fold_replay_verify_split`).
@@ -367,7 +367,8 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
   updated in place. Only the split forms fold (``form`` None picks `backend.replay_form`).
   ``fold_launch``: the folding rows' stream programs in the launch of the others or in their
   own (`replay_split.FOLD_LAUNCHES`; None: `replay_split.FOLD_LAUNCH`); ``fold_first``: those
-  programs launched first (None: `replay_split.STREAM_FOLD_FIRST`).
+  programs launched first (None: `replay_split.STREAM_FOLD_FIRST`), in an order computed as
+  ``launch_order`` says (`replay_split.LAUNCH_ORDERS`; None: `replay_split.LAUNCH_ORDER`).
 
   Returns:
     ``(o, ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``.
@@ -387,6 +388,7 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
       dot_precision=dot_precision, interpret=interpret,
       fold_launch=fold_launch or replay_split.FOLD_LAUNCH,
       fold_first=replay_split.STREAM_FOLD_FIRST if fold_first is None else fold_first,
+      launch_order=launch_order or replay_split.LAUNCH_ORDER,
       coefficients="xla" if form == "split-xla" else "pallas")
 
 
