@@ -374,7 +374,8 @@ def test_fold_first_order():
   slot_ids = jnp.array([0, 1, 2, -1, -1, 5, 6, 7], jnp.int32)
   order, slots, counts = replay_split.fold_first_order(count, slot_ids, slot_ids, count)
   assert order.tolist() == [1, 5, 7, 0, 2, 3, 4, 6]
-  assert slots.tolist() == [1, 5, 7, 0, 2, -1, -1, 6] and counts.tolist() == [3, 2, 1, 0, 0, 0, 5, 0]
+  assert slots.tolist() == [1, 5, 7, 0, 2, -1, -1, 6]
+  assert counts.tolist() == [3, 2, 1, 0, 0, 0, 5, 0]
   for seed in range(5):
     rng = np.random.default_rng(seed)
     count = jnp.asarray(rng.integers(0, 3, 33), jnp.int32)
@@ -394,7 +395,7 @@ def test_launch_order_kernel(B, interpret):
   slot_ids = jnp.asarray(np.where(rng.random(B) < 0.2, -1, rng.permutation(B)), jnp.int32)
   values = [jnp.asarray(rng.integers(-99, 99, B), jnp.int32) for _ in range(3)]
   want = replay_split.fold_first_order(count, slot_ids, *values)
-  got = replay_split.launch_order(count, slot_ids, *values, interpret=interpret)
+  got = replay_split.fold_first_order_pallas(count, slot_ids, *values, interpret=interpret)
   for x, y in zip(want, got, strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 

@@ -107,11 +107,12 @@ def test_fold_inside_the_stream_lowers(T, fold_block_v, fold_launch, fold_first)
 def test_launch_order_lowers(rows):
   """The fold-first launch order's kernel (`replay_split.LAUNCH_ORDER = "pallas"`): a row
   count not a power of two too; and the split verify launches it before its stream."""
-  lower(functools.partial(replay_split.launch_order, interpret=False), *[((rows,), jnp.int32)] * 7)
+  lower(functools.partial(replay_split.fold_first_order_pallas, interpret=False),
+        *[((rows,), jnp.int32)] * 7)
   text = lower(functools.partial(
       replay_split.fold_replay_verify_split, tuning=KernelTuning.replay_default(V, 1),
       fold_tuning=KernelTuning.state_default(V), fold_first=True, launch_order="pallas",
       dot_precision="default", interpret=False),
       STATE, *RINGS, *window(1), ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32),
       ((B,), jnp.int32))
-  assert "launch_order" in text
+  assert "fold_first_order" in text

@@ -316,9 +316,9 @@ FOLD_LAUNCH = "shared"
 STREAM_FOLD_FIRST = True
 # How the fold-first launch order and the row arrays in it are computed: "xla", XLA ops before
 # the stream (`fold_first_order`: 5.3 us of small kernels a step at B=256, benchmarks/NOTES.md
-# run 12), or "pallas", one small kernel (`launch_order`: each row ranks itself and stores its
-# entries at its rank). "pallas" is built and tested on the CPU, not yet measured: predicted
-# ~1.5 us, the decode cycle at B=256 208.9 -> ~205 us.
+# run 12), or "pallas", one small kernel (`fold_first_order_pallas`: each row ranks itself and
+# stores its entries at its rank). "pallas" is built and tested on the CPU, not yet measured:
+# predicted ~1.5 us, the decode cycle at B=256 208.9 -> ~205 us.
 LAUNCH_ORDERS = ("xla", "pallas")
 LAUNCH_ORDER = "xla"
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
@@ -479,7 +479,7 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   fused_cursors = cursors
   if fold is not None and fold.first:  # the row arrays in launch order (`tile_program`)
     ordered = fold_first_order if fold.order == "xla" else functools.partial(
-        launch_order, interpret=interpret)
+        fold_first_order_pallas, interpret=interpret)
     order, *in_order = ordered(fold_rows[0], slot_ids, *cursors, *fold_rows)
     fused_cursors = tuple(in_order[:len(cursors)])
     fold_args.update(fold_rows=tuple(in_order[len(cursors):]),
@@ -571,7 +571,7 @@ def _launch_order_kernel(fold_count_ref, slot_ids_ref, *refs, B: int):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret",))
-def launch_order(fold_count, slot_ids, *row_arrays, interpret: bool):
+def fold_first_order_pallas(fold_count, slot_ids, *row_arrays, interpret: bool):
   """`fold_first_order` as one small Pallas kernel (`LAUNCH_ORDER = "pallas"`): the same
   permutation and arrays (``int32[B]`` each), from one launch of B one-warp programs."""
   B = slot_ids.shape[0]
@@ -583,5 +583,5 @@ def launch_order(fold_count, slot_ids, *row_arrays, interpret: bool):
       grid=(B,),
       interpret=interpret,
       compiler_params=KernelTuning(num_warps=1, num_stages=1).compiler_params(),
-      name="launch_order",
+      name="fold_first_order",
   )(fold_count, slot_ids, *row_arrays)
