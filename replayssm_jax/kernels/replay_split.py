@@ -475,27 +475,29 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
 
   stream = functools.partial(_stream, v, scratch, tuning=tuning, interpret=interpret,
                              dot_precision=dot_precision, common=common)
-  fold_args = dict(fold=fold, fold_rows=fold_rows, fold_inputs=(ring_rawk, ring_g, ring_beta))
-  fused_cursors = cursors
-  if fold is not None and fold.first:  # the row arrays in launch order (`tile_program`)
-    ordered = fold_first_order if fold.order == "xla" else functools.partial(
-        fold_first_order_pallas, interpret=interpret)
-    order, *in_order = ordered(fold_rows[0], slot_ids, *cursors, *fold_rows)
-    fused_cursors = tuple(in_order[:len(cursors)])
-    fold_args.update(fold_rows=tuple(in_order[len(cursors):]),
-                     fold_inputs=(*fold_args["fold_inputs"], order))
+
+  def fused(ssm, ring_d, ring_rawv, **kw):  # the stream launch that folds
+    fold_inputs, row_cursors, row_folds = (ring_rawk, ring_g, ring_beta), cursors, fold_rows
+    if fold.first:  # the row arrays in launch order (`tile_program`)
+      ordered = fold_first_order if fold.order == "xla" else functools.partial(
+          fold_first_order_pallas, interpret=interpret)
+      order, *in_order = ordered(fold_rows[0], slot_ids, *cursors, *fold_rows)
+      row_cursors, row_folds = in_order[:len(cursors)], in_order[len(cursors):]
+      fold_inputs += (order,)
+    return stream(row_cursors, ssm, ring_d, ring_rawv, fold=fold, fold_rows=row_folds,
+                  fold_inputs=fold_inputs, **kw)
+
   if fold is None:
     o, ring_d, ring_rawv = stream(cursors, ssm, ring_d, ring_rawv)
   elif fold.launch == "shared":
-    o, ring_d, ring_rawv, ssm = stream(fused_cursors, ssm, ring_d, ring_rawv, **fold_args)
+    o, ring_d, ring_rawv, ssm = fused(ssm, ring_d, ring_rawv)
   else:  # "own": the rows that fold nothing, then, if the device finds any, the folding rows
     fold_count = fold_rows[0]
     o, ring_d, ring_rawv = stream(cursors, ssm, ring_d, ring_rawv, rows="unfolded",
                                   fold_rows=(fold_count,))
     o, ring_d, ring_rawv, ssm = jax.lax.cond(
         jnp.any((fold_count > 0) & (slot_ids >= 0)),
-        lambda o, d, rawv, ssm: stream(fused_cursors, ssm, d, rawv, o=o, rows="folding",
-                                       **fold_args),
+        lambda o, d, rawv, ssm: fused(ssm, d, rawv, o=o, rows="folding"),
         lambda *outs: outs, o, ring_d, ring_rawv, ssm)
   return o, ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)
 
