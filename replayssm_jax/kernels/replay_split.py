@@ -314,13 +314,13 @@ FOLD_LAUNCH = "shared"
 # 208.9 / 60.3 -> 62.5 and a step without a fold 221.1 -> 224.8 / 64.8 -> 69.3: the stream
 # itself is faster in every case, the order's XLA ops cost 5.3 us a step.
 STREAM_FOLD_FIRST = True
-# How the fold-first launch order and the row arrays in it are computed: "xla", XLA ops before
-# the stream (`fold_first_order`: 5.3 us of small kernels a step at B=256, benchmarks/NOTES.md
-# run 12), or "pallas", one small kernel (`fold_first_order_pallas`: each row ranks itself and
-# stores its entries at its rank). "pallas" is built and tested on the CPU, not yet measured:
-# predicted ~1.5 us, the decode cycle at B=256 208.9 -> ~205 us.
+# How the fold-first launch order and the row arrays in it are computed: "pallas", one small
+# kernel (`fold_first_order_pallas`: each row ranks itself and stores its entries at its rank),
+# or "xla", XLA ops before the stream (`fold_first_order`). H200, B=256 (benchmarks/NOTES.md run
+# 13): 5.2 us of small XLA kernels a step -> one 2.0 us kernel; the decode cycle 208.7 -> 206.2
+# us, out of phase 207.7 -> 205.1, a step without a fold 225.4 -> 221.6.
 LAUNCH_ORDERS = ("xla", "pallas")
-LAUNCH_ORDER = "xla"
+LAUNCH_ORDER = "pallas"
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
 # Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
 # (707 -> 733), and the decode cycle lost 1.5-2.3 us (benchmarks/NOTES.md run 10).
@@ -544,9 +544,9 @@ def fold_first_order(fold_count, slot_ids, *row_arrays):
   permutation ``int32[B]``, then each of ``row_arrays`` (``[B]`` each) put in that order.
 
   Counts and masked sums over ``[B, B]`` compares (no sort, cumsum or scatter), so the arrays
-  come in order from the same reductions. On the H200 these are four small XLA kernels, 5.3 us
-  a step at B=256 (benchmarks/NOTES.md run 12): more than the stream gains from the order when
-  the rows are in phase."""
+  come in order from the same reductions. On the H200 these are four small XLA kernels, 5.2 us
+  a step at B=256 (benchmarks/NOTES.md runs 12, 13): `fold_first_order_pallas` does the same in
+  2.0 us."""
   folds = (fold_count > 0) & (slot_ids >= 0)
   rows = jnp.arange(folds.shape[0], dtype=jnp.int32)
   key = jnp.where(folds, rows, rows + folds.shape[0])  # distinct; the folding rows' smallest
@@ -574,8 +574,8 @@ def _launch_order_kernel(fold_count_ref, slot_ids_ref, *refs, B: int):
 
 @functools.partial(jax.jit, static_argnames=("interpret",))
 def fold_first_order_pallas(fold_count, slot_ids, *row_arrays, interpret: bool):
-  """`fold_first_order` as one small Pallas kernel (`LAUNCH_ORDER = "pallas"`): the same
-  permutation and arrays (``int32[B]`` each), from one launch of B one-warp programs."""
+  """`fold_first_order` as one small Pallas kernel (`LAUNCH_ORDER = "pallas"`, the default): the
+  same permutation and arrays (``int32[B]`` each), from one launch of B one-warp programs."""
   B = slot_ids.shape[0]
   outs = (jax.ShapeDtypeStruct((B,), jnp.int32),
           *(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in row_arrays))
