@@ -26,6 +26,19 @@ def test_bench_smoke(tmp_path):
   assert {"date", "device", "jax", "copy_tbps"} <= result.keys()
 
 
+def test_bench_paths(tmp_path):
+  """``--paths`` times the named groups and nothing else; an unknown group is refused."""
+  out = tmp_path / "results.json"
+  assert kernels.main(["--tiny", "--batch", "2", "--reps", "1", "--copy-gib", "0.004",
+                       "--decode-rings", "4", "--paths", "recurrent", "decode",
+                       "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["kernel"] for r in rows] == [*kernels.PATH_GROUPS["recurrent"],
+                                         *kernels.PATH_GROUPS["decode"]]
+  with pytest.raises(ValueError, match="unknown path groups"):
+    next(kernels.bench_batch(2, gdn=kernels.TINY, paths=("decode", "attention")))
+
+
 def test_bench_fold_together_smoke(tmp_path):
   """``--fold-together``: every path runs with rows folding along; the file says so, and the
   ``--fold-launch``, ``--fold-first`` and ``--launch-order`` it ran under, which end with the

@@ -8,7 +8,7 @@ copy bandwidth. Results go to a JSON file (date, GPU, jax version) and a table.
 
     python -m replayssm_jax.bench.kernels --out benchmarks/results.json
 
-Paths (per layer; ``wp`` = write_pos of the rows):
+Paths (per layer; ``wp`` = write_pos of the rows; ``--paths`` times some groups only):
   rec_decode, rec_verify, rec_commit          the recurrent baseline (kernels / XLA commit)
   rssm_verify(wp=8), exact_fold(wp=12)        the ReplaySSM kernels alone
   rssm_step_nf(wp=8), rssm_step_f(wp=12)      whole `ssm.verify` steps, all rows in one phase
@@ -187,6 +187,14 @@ def fold_together_records(share: float | None, L: int) -> int | None:
 
 
 TRAFFIC_STEPS = 24  # verify + commit steps per call of the traffic path
+# The paths `bench_batch` can time, in groups (``--paths``): each group is independent of the others.
+PATH_GROUPS = {
+    "recurrent": ("rec_verify", "rec_commit", "rec_decode"),
+    "kernels": ("rssm_verify", "exact_fold"),
+    "steps": ("rssm_step_nf", "rssm_step_f", "rssm_step_mixed"),
+    "traffic": ("rssm_traffic",),
+    "decode": ("rssm_decode_cycle", "rssm_decode_spread"),
+}
 
 
 def traffic_start(rng, B: int, T: int, L: int):
@@ -211,10 +219,14 @@ def traffic_phases(cache: ReplayCache, accepted: np.ndarray, spec: SpecConfig):
 
 def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, reps: int = 30,
                 decode_rings=(8, 16, 32), backend: str = "pallas",
-                fold_together: float | None = None):
-  """All paths at batch size ``B`` on ``backend``'s kernels; yields (name, wp, L, timing, bytes).
-  ``fold_together``: the ReplaySSM rows with this share of a ring fold along with a flush row
-  (`SpecConfig.fold_together`, `fold_together_records`)."""
+                fold_together: float | None = None, paths=tuple(PATH_GROUPS)):
+  """The paths of ``paths`` (groups of `PATH_GROUPS`, default all) at batch size ``B`` on
+  ``backend``'s kernels; yields (name, wp, L, timing, bytes). ``fold_together``: the ReplaySSM
+  rows with this share of a ring fold along with a flush row (`SpecConfig.fold_together`,
+  `fold_together_records`)."""
+  unknown = set(paths) - PATH_GROUPS.keys()
+  if unknown:
+    raise ValueError(f"unknown path groups {sorted(unknown)}; use some of {list(PATH_GROUPS)}.")
   rng = np.random.default_rng(B)
   kern = kernels_for(backend)
   tuning = kern.state_tuning(gdn.head_v_dim)
@@ -225,20 +237,21 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   S0 = jnp.asarray(0.3 * rng.standard_normal((B, *gdn.state_shape), np.float32))
 
   # Recurrent baseline: the kernels alone, and the XLA commit (gather + scatter of B states).
-  rec = SpecConfig(draft_tokens=T, verify_mode="recurrent", backend=backend)
-  verify = jax.jit(lambda inter: kern.recurrent_verify(
-      S0, inter, *_window(x), slot_ids, tuning=tuning)[1], donate_argnums=0)
-  t, inter = time_calls(verify, jnp.zeros((B, T, *gdn.state_shape), jnp.float32), reps=reps)
-  yield "rec_verify", 0, 0, t, B * nbytes.rec_verify()
-  cache = dataclasses.replace(ssm.init(gdn, rec, B), intermediate=inter)
-  accepted = jnp.full((B,), T, jnp.int32)
-  t, cache = time_calls(lambda c: ssm.commit(c, slot_ids, accepted, rec), cache, reps=reps)
-  yield "rec_commit", 0, 0, t, B * 2 * nbytes.S
-  del cache, inter
-  decode = jax.jit(lambda s: kern.recurrent_decode(
-      s, *_window(x1), slot_ids, tuning=tuning)[1], donate_argnums=0)
-  t, _ = time_calls(decode, S0 + 0, reps=reps)
-  yield "rec_decode", 0, 0, t, B * nbytes.rec_decode()
+  if "recurrent" in paths:
+    rec = SpecConfig(draft_tokens=T, verify_mode="recurrent", backend=backend)
+    verify = jax.jit(lambda inter: kern.recurrent_verify(
+        S0, inter, *_window(x), slot_ids, tuning=tuning)[1], donate_argnums=0)
+    t, inter = time_calls(verify, jnp.zeros((B, T, *gdn.state_shape), jnp.float32), reps=reps)
+    yield "rec_verify", 0, 0, t, B * nbytes.rec_verify()
+    cache = dataclasses.replace(ssm.init(gdn, rec, B), intermediate=inter)
+    accepted = jnp.full((B,), T, jnp.int32)
+    t, cache = time_calls(lambda c: ssm.commit(c, slot_ids, accepted, rec), cache, reps=reps)
+    yield "rec_commit", 0, 0, t, B * 2 * nbytes.S
+    del cache, inter
+    decode = jax.jit(lambda s: kern.recurrent_decode(
+        s, *_window(x1), slot_ids, tuning=tuning)[1], donate_argnums=0)
+    t, _ = time_calls(decode, S0 + 0, reps=reps)
+    yield "rec_decode", 0, 0, t, B * nbytes.rec_decode()
 
   # ReplaySSM kernels alone.
   spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend=backend,
@@ -252,17 +265,19 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
         tuning=kern.replay_tuning(gdn.head_v_dim, T, B), dot_precision=spec.dot_precision)
     return dataclasses.replace(c, **dict(zip(rings, out)))
 
-  t, cache = time_calls(jax.jit(replay_only, donate_argnums=0), cache, reps=reps)
-  yield "rssm_verify", 8, L, t, B * nbytes.rssm_verify(8)
   wp_fold = L - T
+  if "kernels" in paths:
+    t, cache = time_calls(jax.jit(replay_only, donate_argnums=0), cache, reps=reps)
+    yield "rssm_verify", 8, L, t, B * nbytes.rssm_verify(8)
 
   def fold_only(c):
     return dataclasses.replace(c, ssm=kern.fold(
         c.ssm, c.ring_rawk, c.ring_rawv, c.ring_g, c.ring_beta, slot_ids,
         jnp.full((B,), wp_fold, jnp.int32), c.cache_base, tuning=tuning))
 
-  t, cache = time_calls(jax.jit(fold_only, donate_argnums=0), cache, reps=reps)
-  yield "exact_fold", wp_fold, L, t, B * nbytes.fold(wp_fold)
+  if "kernels" in paths:
+    t, cache = time_calls(jax.jit(fold_only, donate_argnums=0), cache, reps=reps)
+    yield "exact_fold", wp_fold, L, t, B * nbytes.fold(wp_fold)
 
   # Whole verify steps (fold + verify + cursor bookkeeping), one jitted call each.
   step = _restoring(lambda c: ssm.verify(c, *_window(x), slot_ids, spec)[1], _cursors)
@@ -271,50 +286,53 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
       "rssm_step_f": (np.full(B, wp_fold), np.ones(B, bool)),
       "rssm_step_mixed": (np.array([wp_fold, 4, 8])[np.arange(B) % 3], np.arange(B) % 3 == 0),
   }
-  for name, (wp, flush) in phases.items():
-    cache = dataclasses.replace(cache, write_pos=jnp.asarray(wp, jnp.int32), is_flush=jnp.asarray(flush))
-    t, cache = time_calls(step, cache, reps=reps)
-    model = sum(nbytes.rssm_step(int(w), bool(f)) for w, f in zip(wp, flush))
-    yield name, int(np.max(wp)) if name != "rssm_step_mixed" else -1, L, t, model
+  if "steps" in paths:
+    for name, (wp, flush) in phases.items():
+      cache = dataclasses.replace(cache, write_pos=jnp.asarray(wp, jnp.int32), is_flush=jnp.asarray(flush))
+      t, cache = time_calls(step, cache, reps=reps)
+      model = sum(nbytes.rssm_step(int(w), bool(f)) for w, f in zip(wp, flush))
+      yield name, int(np.max(wp)) if name != "rssm_step_mixed" else -1, L, t, model
   # Verify traffic: rows out of phase, a random acceptance per row and step, no cursor restore
   # between the steps of a call (only before each call, so every call does the same work).
-  c = _replay_cache(rng, gdn, spec, B, *traffic_start(rng, B, T, L))
-  accepted = rng.integers(1, T + 1, (TRAFFIC_STEPS, B)).astype(np.int32)
+  if "traffic" in paths:
+    c = _replay_cache(rng, gdn, spec, B, *traffic_start(rng, B, T, L))
+    accepted = rng.integers(1, T + 1, (TRAFFIC_STEPS, B)).astype(np.int32)
 
-  def traffic(c):
-    for acc in accepted:
-      c = ssm.commit(ssm.verify(c, *_window(x), slot_ids, spec)[1], slot_ids, jnp.asarray(acc),
-                     spec)
-    return c
-
-  model = sum(nbytes.rssm_step(w, f) for w, f in traffic_phases(c, accepted, spec))
-  t, _ = time_calls(_restoring(traffic, _cursors), c, reps=max(5, reps // 3))
-  yield "rssm_traffic", -1, L, t.per_call(TRAFFIC_STEPS), model / TRAFFIC_STEPS
-  del cache, c
-
-  # ReplaySSM decode over a whole ring cycle (flush rule with T = 1: L-1 steps per fold).
-  for L_dec in decode_rings:
-    dspec = SpecConfig(draft_tokens=1, ring_len=L_dec, verify_mode="replayssm", backend=backend,
-                       fold_together=fold_together_records(fold_together, L_dec))
-    steps = L_dec - 1
-
-    def cycle(c, dspec=dspec, steps=steps):
-      for _ in range(steps):
-        c = ssm.decode(c, *_window(x1), slot_ids, dspec)[1]
+    def traffic(c):
+      for acc in accepted:
+        c = ssm.commit(ssm.verify(c, *_window(x), slot_ids, spec)[1], slot_ids, jnp.asarray(acc),
+                       spec)
       return c
 
-    # In phase: every row at the start of its cycle, a full history waiting to be folded, so
-    # one call = fold + L-1 decodes. Spread: row r starts (r mod L-1) steps into its cycle, so
-    # at each step a 1/(L-1) of the rows fold (rows of real traffic are out of phase). Over
-    # the L-1 steps of a call each row goes through every phase once: the same bytes.
-    phase = np.arange(B) % steps
-    starts = {"rssm_decode_cycle": (np.full(B, L_dec - 1), np.ones(B, bool)),
-              "rssm_decode_spread": (np.where(phase == 0, L_dec - 1, phase), phase == 0)}
-    model = B * (nbytes.fold(L_dec - 1) - nbytes.S + sum(nbytes.rssm_verify(w, 1) for w in range(steps)))
-    for name, start in starts.items():
-      c = _replay_cache(rng, gdn, dspec, B, *start)
-      t, _ = time_calls(_restoring(cycle, _cursors), c, reps=max(5, reps // 3))
-      yield name, -1, L_dec, t.per_call(steps), model / steps
+    model = sum(nbytes.rssm_step(w, f) for w, f in traffic_phases(c, accepted, spec))
+    t, _ = time_calls(_restoring(traffic, _cursors), c, reps=max(5, reps // 3))
+    yield "rssm_traffic", -1, L, t.per_call(TRAFFIC_STEPS), model / TRAFFIC_STEPS
+  del cache
+
+  # ReplaySSM decode over a whole ring cycle (flush rule with T = 1: L-1 steps per fold).
+  if "decode" in paths:
+    for L_dec in decode_rings:
+      dspec = SpecConfig(draft_tokens=1, ring_len=L_dec, verify_mode="replayssm", backend=backend,
+                         fold_together=fold_together_records(fold_together, L_dec))
+      steps = L_dec - 1
+
+      def cycle(c, dspec=dspec, steps=steps):
+        for _ in range(steps):
+          c = ssm.decode(c, *_window(x1), slot_ids, dspec)[1]
+        return c
+
+      # In phase: every row at the start of its cycle, a full history waiting to be folded, so
+      # one call = fold + L-1 decodes. Spread: row r starts (r mod L-1) steps into its cycle, so
+      # at each step a 1/(L-1) of the rows fold (rows of real traffic are out of phase). Over
+      # the L-1 steps of a call each row goes through every phase once: the same bytes.
+      phase = np.arange(B) % steps
+      starts = {"rssm_decode_cycle": (np.full(B, L_dec - 1), np.ones(B, bool)),
+                "rssm_decode_spread": (np.where(phase == 0, L_dec - 1, phase), phase == 0)}
+      model = B * (nbytes.fold(L_dec - 1) - nbytes.S + sum(nbytes.rssm_verify(w, 1) for w in range(steps)))
+      for name, start in starts.items():
+        c = _replay_cache(rng, gdn, dspec, B, *start)
+        t, _ = time_calls(_restoring(cycle, _cursors), c, reps=max(5, reps // 3))
+        yield name, -1, L_dec, t.per_call(steps), model / steps
 
 
 def main(argv=None) -> int:
@@ -327,6 +345,8 @@ def main(argv=None) -> int:
   p.add_argument("--backend", choices=BACKENDS, default="pallas", help="the kernels to time")
   p.add_argument("--decode-rings", type=int, nargs="*", default=[8, 16, 32],
                  help="ring lengths of the ReplaySSM decode cycle")
+  p.add_argument("--paths", nargs="+", choices=PATH_GROUPS, default=list(PATH_GROUPS),
+                 help="the groups of paths to time (default: all)")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="start no new batch size after this many seconds (results so far are kept)")
   p.add_argument("--fold-together", type=float, default=None, metavar="SHARE",
@@ -378,7 +398,8 @@ def main(argv=None) -> int:
         break
       for name, wp, L, t, model in bench_batch(B, gdn=gdn, reps=args.reps, backend=args.backend,
                                                  decode_rings=args.decode_rings,
-                                                 fold_together=args.fold_together):
+                                                 fold_together=args.fold_together,
+                                                 paths=args.paths):
         tbps = model / (t.median_us * 1e-6) / 1e12
         rows.append(dict(kernel=name, B=B, wp=wp, L=L, median_us=round(t.median_us, 2),
                          p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2), reps=t.reps,
