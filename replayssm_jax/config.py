@@ -182,8 +182,8 @@ class SpecConfig:
       H200, L=16, ``fold_together=8`` (benchmarks/NOTES.md runs 10, 11): decode with rows
       out of phase 39.0 -> 24.0 us a step at B=16, 79.0 -> 67.5 at B=64, 222.7 -> 217.9 at
       B=256; verify traffic within 2% either way (B=256 330.6 -> 336.5). Measured before
-      the fold-first launch (run 12), which alone takes decode out of phase to 60.2 us at
-      B=64 and 208.2 at B=256; the vector decode form below B=64 has no such launch. Worth
+      the fold-first launch (runs 12, 13), which alone takes decode out of phase to 59.9 us
+      at B=64 and 204.8 at B=256; the vector decode form below B=64 has no such launch. Worth
       setting (to about ``ring_len // 2``) where decode steps dominate at small B.
   """
 

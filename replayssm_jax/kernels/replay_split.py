@@ -312,7 +312,8 @@ FOLD_LAUNCH = "shared"
 # decode out of phase 219.1 -> 208.2 / 75.0 -> 60.2 us, verify traffic 323.5 -> 322.9 / 97.1 ->
 # 88.6, the mixed step 378.8 -> 378.4 / 113.1 -> 107.2; but the in-phase decode cycle 206.7 ->
 # 208.9 / 60.3 -> 62.5 and a step without a fold 221.1 -> 224.8 / 64.8 -> 69.3: the stream
-# itself is faster in every case, the order's XLA ops cost 5.3 us a step.
+# itself is faster in every case, the order's XLA ops cost 5.3 us a step (since run 13 one
+# 2.0 us kernel, `LAUNCH_ORDER`: the decode cycle at B=256 206.2 us, out of phase 205.1).
 STREAM_FOLD_FIRST = True
 # How the fold-first launch order and the row arrays in it are computed: "pallas", one small
 # kernel (`fold_first_order_pallas`: each row ranks itself and stores its entries at its rank),
