@@ -19,7 +19,7 @@ import pytest
 
 from conftest import HAS_GPU, TOLERANCE, rel_err
 from replayssm_jax import reference
-from replayssm_jax.kernels import fold, replay_parts, replay_split
+from replayssm_jax.kernels import fold, launch_order, replay_parts, replay_split
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.recurrent import token_inputs
 from replayssm_jax.kernels.replay_verify import (FORMS, RING_NAMES, fold_and_replay_verify,
@@ -363,41 +363,8 @@ def test_fused_cases_permute_the_rows():
   for c in FUSED_CASES:
     inp = make_inputs(c)
     (count, _), _ = _flush_some_rows(inp, c)
-    orders.append(replay_split.fold_first_order(count, inp["slot_ids"])[0].tolist())
+    orders.append(launch_order.fold_first_order(count, inp["slot_ids"])[0].tolist())
   assert any(order != sorted(order) for order in orders), orders
-
-
-def test_fold_first_order():
-  """A permutation of the rows, those that fold first, each group in row order, and the row
-  arrays put in that order; a padding row asking for a fold is not a folding row."""
-  count = jnp.array([0, 3, 0, 0, 5, 2, 0, 1], jnp.int32)
-  slot_ids = jnp.array([0, 1, 2, -1, -1, 5, 6, 7], jnp.int32)
-  order, slots, counts = replay_split.fold_first_order(count, slot_ids, slot_ids, count)
-  assert order.tolist() == [1, 5, 7, 0, 2, 3, 4, 6]
-  assert slots.tolist() == [1, 5, 7, 0, 2, -1, -1, 6]
-  assert counts.tolist() == [3, 2, 1, 0, 0, 0, 5, 0]
-  for seed in range(5):
-    rng = np.random.default_rng(seed)
-    count = jnp.asarray(rng.integers(0, 3, 33), jnp.int32)
-    values = jnp.asarray(rng.integers(-9, 9, 33), jnp.int32)
-    order, in_order = replay_split.fold_first_order(count, jnp.arange(33, dtype=jnp.int32), values)
-    folds = np.asarray(count) > 0
-    assert order.tolist() == np.flatnonzero(folds).tolist() + np.flatnonzero(~folds).tolist()
-    assert in_order.tolist() == np.asarray(values)[np.asarray(order)].tolist()
-
-
-@pytest.mark.parametrize("B", [1, 3, 8, 33])
-def test_launch_order_kernel(B, interpret):
-  """The launch order's kernel gives `fold_first_order`'s permutation and arrays, B a power of
-  two or not, padding rows that ask for a fold among them."""
-  rng = np.random.default_rng(B)
-  count = jnp.asarray(rng.integers(0, 3, B), jnp.int32)
-  slot_ids = jnp.asarray(np.where(rng.random(B) < 0.2, -1, rng.permutation(B)), jnp.int32)
-  values = [jnp.asarray(rng.integers(-99, 99, B), jnp.int32) for _ in range(3)]
-  want = replay_split.fold_first_order(count, slot_ids, *values)
-  got = replay_split.fold_first_order_pallas(count, slot_ids, *values, interpret=interpret)
-  for x, y in zip(want, got, strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_own_fold_launch_without_folding_rows(interpret):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
-from replayssm_jax.kernels import fold, recurrent, replay_split, replay_verify
+from replayssm_jax.kernels import fold, launch_order, recurrent, replay_split, replay_verify
 from replayssm_jax.kernels.backend import KernelTuning
 
 H, HV, K, V, SLOTS, B, L = 16, 32, 128, 128, 8, 4, 16
@@ -107,7 +107,7 @@ def test_fold_inside_the_stream_lowers(T, fold_block_v, fold_launch, fold_first)
 def test_launch_order_lowers(rows):
   """The fold-first launch order's kernel (`replay_split.LAUNCH_ORDER = "pallas"`): a row
   count not a power of two too; and the split verify launches it before its stream."""
-  lower(functools.partial(replay_split.fold_first_order_pallas, interpret=False),
+  lower(functools.partial(launch_order.fold_first_order_pallas, interpret=False),
         *[((rows,), jnp.int32)] * 7)
   text = lower(functools.partial(
       replay_split.fold_replay_verify_split, tuning=KernelTuning.replay_default(V, 1),
