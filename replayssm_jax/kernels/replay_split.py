@@ -306,21 +306,16 @@ COEFFICIENTS = ("pallas", "xla")
 FOLD_LAUNCHES = ("shared", "own")
 FOLD_LAUNCH = "shared"
 # Whether a stream launch with the fold starts the folding rows' programs first: its grid runs
-# the rows in `fold_first_order`, each row's programs together, where the default grid launches
-# all rows of one head before the next head, so the folding programs of the last heads start
-# last and the step waits for them (run 10: decode with the rows out of phase +6% at B=256,
-# +24% at B=64 over the same work in phase). H200 (benchmarks/NOTES.md run 12), B=256 / 64:
-# decode out of phase 219.1 -> 208.2 / 75.0 -> 60.2 us, verify traffic 323.5 -> 322.9 / 97.1 ->
-# 88.6, the mixed step 378.8 -> 378.4 / 113.1 -> 107.2; but the in-phase decode cycle 206.7 ->
-# 208.9 / 60.3 -> 62.5 and a step without a fold 221.1 -> 224.8 / 64.8 -> 69.3: the stream
-# itself is faster in every case, the order's XLA ops cost 5.3 us a step (since run 13 one
-# 2.0 us kernel, `LAUNCH_ORDER`: the decode cycle at B=256 206.2 us, out of phase 205.1).
+# the rows in the order of `launch_order`, each row's programs together. The default grid
+# launches all rows of one head before the next head, so the folding programs of the last heads
+# start last and the step waits for them. H200, B=256 (benchmarks/NOTES.md runs 12 and 13):
+# decode with the rows out of phase 219.1 -> 208.2 us (205.1 with the order's kernel), in phase
+# about even; the stream itself is faster in every case.
 STREAM_FOLD_FIRST = True
-# How the fold-first launch order and the row arrays in it are computed: "pallas", one small
-# kernel (`fold_first_order_pallas`: each row ranks itself and stores its entries at its rank),
-# or "xla", XLA ops before the stream (`fold_first_order`). H200, B=256 (benchmarks/NOTES.md run
-# 13): 5.2 us of small XLA kernels a step -> one 2.0 us kernel; the decode cycle 208.7 -> 206.2
-# us, out of phase 207.7 -> 205.1, a step without a fold 225.4 -> 221.6.
+# How that order, and the row arrays in it, are computed: "pallas", one small kernel
+# (`launch_order.fold_first_order_pallas`), or "xla", XLA ops (`launch_order.fold_first_order`).
+# H200, B=256 (run 13): 5.2 us of small XLA kernels a step -> one 2.0 us kernel; the decode
+# cycle 208.7 -> 206.2 us, a step without a fold 225.4 -> 221.6.
 LAUNCH_ORDERS = ("xla", "pallas")
 LAUNCH_ORDER = "pallas"
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
