@@ -380,7 +380,9 @@ def decode(cache: SSMCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec: SpecC
 
   In ``replayssm`` mode this is the verify protocol with a one-token window on the
   same ring (same fold, same flush rule with ``T = spec.draft_tokens``), so decode
-  and verify steps can alternate freely for any row.
+  and verify steps can alternate freely for any row. A call is all-decode (as a
+  `verify` call is all-verify): rows that decode while others verify go in two calls,
+  each with its own ``slot_ids``.
 
   Returns:
     ``(o, cache)`` with ``o [B, 1, HV, V]``.
