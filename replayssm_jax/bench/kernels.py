@@ -187,7 +187,7 @@ def fold_together_records(share: float | None, L: int) -> int | None:
 
 
 TRAFFIC_STEPS = 24  # verify + commit steps per call of the traffic path
-# The paths `bench_batch` can time, in groups (``--paths``): each group is independent of the others.
+# The paths `bench_batch` can time, in groups (``--paths``), each independent of the others.
 PATH_GROUPS = {
     "recurrent": ("rec_verify", "rec_commit", "rec_decode"),
     "kernels": ("rssm_verify", "exact_fold"),
@@ -288,7 +288,8 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   }
   if "steps" in paths:
     for name, (wp, flush) in phases.items():
-      cache = dataclasses.replace(cache, write_pos=jnp.asarray(wp, jnp.int32), is_flush=jnp.asarray(flush))
+      cache = dataclasses.replace(cache, write_pos=jnp.asarray(wp, jnp.int32),
+                                  is_flush=jnp.asarray(flush))
       t, cache = time_calls(step, cache, reps=reps)
       model = sum(nbytes.rssm_step(int(w), bool(f)) for w, f in zip(wp, flush))
       yield name, int(np.max(wp)) if name != "rssm_step_mixed" else -1, L, t, model
@@ -328,7 +329,8 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
       phase = np.arange(B) % steps
       starts = {"rssm_decode_cycle": (np.full(B, L_dec - 1), np.ones(B, bool)),
                 "rssm_decode_spread": (np.where(phase == 0, L_dec - 1, phase), phase == 0)}
-      model = B * (nbytes.fold(L_dec - 1) - nbytes.S + sum(nbytes.rssm_verify(w, 1) for w in range(steps)))
+      model = B * (nbytes.fold(L_dec - 1) - nbytes.S
+                   + sum(nbytes.rssm_verify(w, 1) for w in range(steps)))
       for name, start in starts.items():
         c = _replay_cache(rng, gdn, dspec, B, *start)
         t, _ = time_calls(_restoring(cycle, _cursors), c, reps=max(5, reps // 3))
