@@ -398,17 +398,12 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   if fold_block_v < 1 or tuning.block_v % fold_block_v:
     raise ValueError(f"the stream's block_v={tuning.block_v} must be a multiple of the fold's "
                      f"block_v={fold_block_v}.")
-  fold_launch = fold_launch or FOLD_LAUNCH
-  if fold_launch not in FOLD_LAUNCHES:
-    raise ValueError(f"fold_launch={fold_launch!r} is unknown; use one of {FOLD_LAUNCHES}.")
-  launch_order = launch_order or LAUNCH_ORDER
-  if launch_order not in LAUNCH_ORDERS:
-    raise ValueError(f"launch_order={launch_order!r} is unknown; use one of {LAUNCH_ORDERS}.")
   fold = StreamFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
                     prefetch=STREAM_FOLD_PREFETCH if prefetch is None else prefetch,
-                    launch=fold_launch,
+                    launch=_choice("fold_launch", fold_launch or FOLD_LAUNCH, FOLD_LAUNCHES),
                     first=STREAM_FOLD_FIRST if fold_first is None else fold_first,
-                    order=launch_order, compiled=not interpret)
+                    order=_choice("launch_order", launch_order or LAUNCH_ORDER, LAUNCH_ORDERS),
+                    compiled=not interpret)
   o, ssm, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
                          (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base),
                          (fold_count, fold_base), tuning=tuning, fold=fold,
@@ -418,6 +413,13 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          coefficient_stacked=coefficient_stacked,
                          coefficient_inline=coefficient_inline)
   return o, ssm, *rings
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+  """``value``, if it is one of ``choices`` (else a ValueError that names them)."""
+  if value not in choices:
+    raise ValueError(f"{name}={value!r} is unknown; use one of {choices}.")
+  return value
 
 
 def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
@@ -436,8 +438,7 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv = rings
   q, k, v, a, b, A_log, dt_bias = window
   slot_ids, write_pos, cache_base = cursors
-  if coefficients not in COEFFICIENTS:
-    raise ValueError(f"coefficients={coefficients!r} is unknown; use one of {COEFFICIENTS}.")
+  _choice("coefficients", coefficients, COEFFICIENTS)
   B, T, H, K = q.shape
   if coefficient_key_heads < 1 or H % coefficient_key_heads:
     raise ValueError(f"coefficient_key_heads={coefficient_key_heads} must divide the {H} key heads.")
