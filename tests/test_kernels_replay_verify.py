@@ -453,6 +453,9 @@ def test_knob_validation():
     replay_verify(**inp, tuning=KernelTuning(block_v=16), dot_precision="fp64", interpret=True)
   with pytest.raises(ValueError, match="block_v=12"):
     replay_verify(**inp, tuning=KernelTuning(block_v=12), dot_precision="ieee", interpret=True)
+  with pytest.raises(ValueError, match="coefficients='cublas' is unknown"):
+    replay_split.replay_verify_split(**inp, tuning=KernelTuning(block_v=16),
+                                     dot_precision="ieee", interpret=True, coefficients="cublas")
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the CPU refusal")
