@@ -225,10 +225,12 @@ def test_sweep_coefficients_smoke(tmp_path):
   rows = json.loads(out.read_text())["rows"]
   assert not [r for r in rows if "error" in r] and all(r["median_us"] > 0 for r in rows)
   assert {r["kernel"] for r in rows} == {"replay_verify_split_T4", "replay_verify_split_T1"}
-  inline = [r["coefficient_inline"] for r in rows if "coefficient_inline" in r]
-  assert sorted(inline, key=str) == sorted(2 * sweep.COEFFICIENT_INLINE, key=str)
-  plain = [r for r in rows if not any(n.startswith("coefficient_") for n in r)]
-  assert len(plain) == 2  # the defaults, once per window
+  knobs = [{n: v for n, v in r.items() if n.startswith(("coefficient_", "stream_"))}
+           for r in rows]
+  expected = [x for x in sweep.SPLIT_VARIANTS
+              if kernels.TINY.num_k_heads % x.get("coefficient_key_heads", 1) == 0]
+  assert sorted(map(str, filter(None, knobs))) == sorted(map(str, 2 * expected))
+  assert knobs.count({}) == 2  # the defaults, once per window
 
 
 def test_profile_runs_each_kernel(capsys):

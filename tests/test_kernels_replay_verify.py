@@ -271,27 +271,29 @@ def test_split_coefficients_key_heads(c: Case, interpret):
                                      coefficient_key_heads=3)
 
 
-COEFFICIENT_VARIANTS = dict(stacked=dict(coefficient_stacked=True),
-                            all_dots=dict(coefficient_inline=None),
-                            single_rows_inline=dict(coefficient_inline=0))
+SPLIT_VARIANTS = dict(stacked=dict(coefficient_stacked=True),
+                      all_dots=dict(coefficient_inline=None),
+                      single_rows_inline=dict(coefficient_inline=0),
+                      cuda_core_keys=dict(coefficient_key_mma=False),
+                      tensor_core_keys=dict(coefficient_key_mma=True))
 
 
 DECODE_CASE = dataclasses.replace(CASES[0], T=1, why="a decode window: every product a row")
 
 
-@pytest.mark.parametrize("variant", COEFFICIENT_VARIANTS)
+@pytest.mark.parametrize("variant", SPLIT_VARIANTS)
 @pytest.mark.parametrize("c", [CASES[0], DECODE_CASE, CASES[7]],
                          ids=[CASES[0].id, DECODE_CASE.id, CASES[7].id])
-def test_split_coefficients_variants(c: Case, variant, interpret):
-  """The coefficients kernel's other ways to form its products (the key products as one dot
-  over [q_hat; k_hat]; no product written out; only single rows written out) against the
-  default: the same records to the bit but the window's d's, the same outputs and d's within
-  the products' rounding."""
+def test_split_variants(c: Case, variant, interpret):
+  """The split form's other ways to form its products (the key products as one dot over
+  [q_hat; k_hat]; no product written out; only single rows written out; the key products on
+  the CUDA or on the tensor cores) against the default: the same records to the bit but the
+  window's d's, the same outputs and d's within the products' rounding."""
   inp = make_inputs(c)
   valid = np.asarray(inp["slot_ids"]) >= 0
   default, other = (replay_split.replay_verify_split(
       **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
-      interpret=interpret, **kw) for kw in ({}, COEFFICIENT_VARIANTS[variant]))
+      interpret=interpret, **kw) for kw in ({}, SPLIT_VARIANTS[variant]))
   f32 = lambda x: np.asarray(x, np.float32)
   assert rel_err(f32(default[0][valid]), f32(other[0][valid])) <= c.tol
   for name, x, y in zip(RING_NAMES, default[1:], other[1:]):

@@ -75,10 +75,14 @@ def test_replay_verify_lowers(T, form):
   assert "gpu.barrier" not in text  # only the stream that folds needs one
 
 
-@pytest.mark.parametrize("T", [1, 4])
-def test_split_stacked_coefficients_lower(T):
+@pytest.mark.parametrize("variant", [dict(coefficient_stacked=True),
+                                     dict(coefficient_key_mma=True),
+                                     dict(coefficient_key_mma=False)],
+                         ids=["stacked", "tensor_core_keys", "cuda_core_keys"])
+@pytest.mark.parametrize("T", [1, 3, 4, 16])
+def test_split_variants_lower(T, variant):
   lower(functools.partial(replay_split.replay_verify_split, tuning=KernelTuning.replay_default(V, T),
-                          dot_precision="default", interpret=False, coefficient_stacked=True),
+                          dot_precision="default", interpret=False, **variant),
         STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32))
 
 

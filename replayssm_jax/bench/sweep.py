@@ -60,16 +60,18 @@ TRITON_STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
                 for bv, w, kc in [(32, 2, 8), (32, 2, 16), (16, 1, 8), (32, 4, 8), (64, 4, 8)]]
 CANDIDATES = {"pallas": (REPLAY, STATE), "triton": (TRITON_REPLAY, TRITON_STATE)}
 COEFFICIENT_WARPS = (1, 2, 4)  # warps of the split form's coefficients kernel
-COEFFICIENT_KEY_HEADS = (2, 4)  # and its key heads per program (1 above)
-COEFFICIENT_STACKED = (True,)  # and one dot over [q_hat; k_hat] (the default: one each)
-COEFFICIENT_INLINE = (None, 0)  # and its products: all dots; only single rows written out
+# The split form's other launches of its coefficients kernel, beside the default.
+SPLIT_VARIANTS = (
+    [dict(coefficient_warps=w) for w in COEFFICIENT_WARPS]
+    + [dict(coefficient_key_heads=n) for n in (2, 4)]  # key heads per program (1)
+    + [dict(coefficient_stacked=True),  # one dot over [q_hat; k_hat] (one each)
+       dict(coefficient_inline=None), dict(coefficient_inline=0),  # products written out
+       dict(coefficient_key_mma=False), dict(coefficient_key_mma=True)])  # key products' cores
 
 
 def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True):
   """The replay verify per (form, tuning) (unless not ``forms``); on Pallas also the split
-  form's coefficients kernel per warp count (`COEFFICIENT_WARPS`), key heads per program
-  (`COEFFICIENT_KEY_HEADS`), stacked key products (`COEFFICIENT_STACKED`) and written-out
-  products (`COEFFICIENT_INLINE`) under the default stream launch."""
+  form in each of `SPLIT_VARIANTS` (its kernels' other launches) under the default tuning."""
   rng = np.random.default_rng(0)
   spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
   x = _inputs(rng, B, T, gdn)
@@ -80,11 +82,8 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True):
   if backend == "pallas":
     stream = kern.replay_tuning(gdn.head_v_dim, T, B)
     variants += [] if forms else [("split", stream, {})]  # the defaults, to compare with
-    variants += [("split", stream, dict(coefficient_warps=w)) for w in COEFFICIENT_WARPS]
-    variants += [("split", stream, dict(coefficient_key_heads=n))
-                 for n in COEFFICIENT_KEY_HEADS if gdn.num_k_heads % n == 0]
-    variants += [("split", stream, dict(coefficient_stacked=x)) for x in COEFFICIENT_STACKED]
-    variants += [("split", stream, dict(coefficient_inline=x)) for x in COEFFICIENT_INLINE]
+    variants += [("split", stream, extra) for extra in SPLIT_VARIANTS
+                 if gdn.num_k_heads % extra.get("coefficient_key_heads", 1) == 0]
   for form, tuning, extra in variants:
     if tuning.block_v > gdn.head_v_dim or (backend == "triton" and (form == "vec") != (T == 1)):
       continue

@@ -53,9 +53,10 @@ from replayssm_jax.config import next_power_of_two
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm
 from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_order_pallas
-from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_mask, history_weights,
-                                                load_gates, load_keys, masked, scatter_records,
-                                                store_rows, tile_program, window_solve)
+from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, history_mask,
+                                                history_weights, load_gates, load_keys, masked,
+                                                scatter_records, store_rows, tile_program,
+                                                window_solve)
 
 # Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
@@ -66,6 +67,13 @@ COEFFICIENT_STACKED = False  # one dot over [q_hat; k_hat] (True) or one each
 # ``inline``): those of at most this many multiplies, and single rows; None: all dots. H200,
 # B=256 (benchmarks/NOTES.md run 10): 51 -> 40 us at T=4, 23 -> 18 us at T=1.
 COEFFICIENT_INLINE = 2048
+# The key history products ``X K_hist^T`` as one dot over ``[q_hat; k_hat]`` padded with zero
+# rows to `MMA_ROWS`, Triton's smallest tensor-core tile (mma.m16n8k8), or as one dot each of
+# T_pad rows, on the CUDA cores (`replay_parts.inlines`). None: the tensor cores from T = 2 on.
+# H200 (benchmarks/NOTES.md run 14): T=4, B=256 39.6 -> 33.9 us, B=512 75.2 -> 60.0, B=64 even;
+# T=1 (single rows, written out) 17.8 -> 19.5 at B=256.
+MMA_ROWS = 16
+COEFFICIENT_KEY_MMA = None
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -83,7 +91,7 @@ def _coefficients_kernel(
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
     *, T: int, L: int, gqa_ratio: int, key_heads: int, stacked: bool, inline: int | None,
-    scale: float, precision_k, precision_t):
+    key_mma: bool, scale: float, precision_k, precision_t):
   """One program per (row, ``key_heads`` key heads): per key head the key-side products once,
   then each of its value heads."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
@@ -96,13 +104,19 @@ def _coefficients_kernel(
     win = load_keys(q_ref, k_ref, row, kh, T, scale)
     valid, _ = history_mask(write_pos, cache_base, L)
     k_hist = masked(ring_k_ref[slot, kh, :, :], valid)
-    if stacked:  # one dot over [q_hat; k_hat] (`WindowKeys.X`), its product split in two
-      X = win.X
+    # [T_pad, L] and [T_pad, T_pad] products of q_hat and k_hat. Stacked: one dot over
+    # [q_hat; k_hat] (`WindowKeys.X`), split in two; else one dot each, no stacking and
+    # splitting of tiles through shared memory.
+    X = win.X if stacked else None
+    if key_mma:
+      XK_q, XK_k = _key_products_mma(win, k_hist, precision_k)
+    elif stacked:
       XK_q, XK_k = jnp.split(dot_nt(X, k_hist, precision_k, inline), 2, axis=0)
+    else:
+      XK_q, XK_k = (dot_nt(x, k_hist, precision_k, inline) for x in (win.q_hat, win.k_hat))
+    if stacked:
       qk, kk = jnp.split(dot_nt(X, win.k_hat, precision_t, inline), 2, axis=0)
-    else:  # q_hat and k_hat apart: no stacking and splitting of tiles through shared memory
-      XK_q, XK_k = (dot_nt(x, k_hist, precision_k, inline)  # [T_pad, L]
-                    for x in (win.q_hat, win.k_hat))
+    else:
       qk, kk = (dot_nt(x, win.k_hat, precision_t, inline) for x in (win.q_hat, win.k_hat))
     phys = ((cache_base + write_pos + win.tok) & (L - 1))[:, None]  # [T_pad, 1]
 
@@ -138,6 +152,22 @@ def _coefficients_kernel(
   def _coefficients():
     for j in range(key_heads):  # independent chains, interleaved by the compiler
       key_head(first_kh + j)
+
+
+def _key_products_mma(win: WindowKeys, k_hist, precision):
+  """``(q_hat K_hist^T, k_hat K_hist^T)``, ``[T_pad, L]`` each, from one tensor-core dot.
+
+  ``[q_hat; k_hat]`` is padded with zero rows to `MMA_ROWS` (or ``2 T_pad`` if more): each is
+  broadcast over the whole tile and selected by row, so no row moves between threads (Triton
+  has no row concatenation); the product is split back by rows.
+  """
+  T_pad, K = win.q_hat.shape
+  rows = max(MMA_ROWS, 2 * T_pad)
+  spread = lambda x: jnp.broadcast_to(x[None], (rows // T_pad, T_pad, K)).reshape(rows, K)
+  r = jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0)
+  X = jnp.where(r < T_pad, spread(win.q_hat), jnp.where(r < 2 * T_pad, spread(win.k_hat), 0.0))
+  XK_q, XK_k, *_ = jnp.split(dot_nt(X, k_hist, precision), rows // T_pad, axis=0)
+  return XK_q, XK_k
 
 
 def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, ring_rawk,
@@ -325,7 +355,8 @@ STREAM_FOLD_PREFETCH = True
 
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
-                 "coefficient_key_heads", "coefficient_stacked", "coefficient_inline")
+                 "coefficient_key_heads", "coefficient_stacked", "coefficient_inline",
+                 "coefficient_key_mma")
 
 
 @functools.partial(jax.jit, static_argnames=_SPLIT_STATIC)
@@ -335,15 +366,17 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         coefficients: str = "pallas", coefficient_warps: int = COEFFICIENT_WARPS,
                         coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
                         coefficient_stacked: bool = COEFFICIENT_STACKED,
-                        coefficient_inline: int | None = COEFFICIENT_INLINE):
+                        coefficient_inline: int | None = COEFFICIENT_INLINE,
+                        coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
   steps ``tuning.k_chunk`` columns. ``coefficients``: ``"pallas"``, the kernel, one program
   of ``coefficient_warps`` per (row, ``coefficient_key_heads`` key heads), its key products
   as one dot over ``[q_hat; k_hat]`` when ``coefficient_stacked`` (else one each), its small
-  products written out up to ``coefficient_inline`` multiplies (`replay_parts.dot`), or
-  ``"xla"``, batched XLA ops (`_coefficients_xla`).
+  products written out up to ``coefficient_inline`` multiplies (`replay_parts.dot`), its key
+  history products on the tensor cores when ``coefficient_key_mma`` (`_key_products_mma`;
+  None: from T = 2 on), or ``"xla"``, batched XLA ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
   o, _, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
@@ -353,7 +386,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                        coefficient_warps=coefficient_warps,
                        coefficient_key_heads=coefficient_key_heads,
                        coefficient_stacked=coefficient_stacked,
-                       coefficient_inline=coefficient_inline)
+                       coefficient_inline=coefficient_inline,
+                       coefficient_key_mma=coefficient_key_mma)
   return o, *rings
 
 
@@ -370,7 +404,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
                              coefficient_stacked: bool = COEFFICIENT_STACKED,
-                             coefficient_inline: int | None = COEFFICIENT_INLINE):
+                             coefficient_inline: int | None = COEFFICIENT_INLINE,
+                             coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA):
   """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
   `replay_verify_split`, with the fold inside the stream kernel.
 
@@ -411,7 +446,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          coefficients=coefficients, coefficient_warps=coefficient_warps,
                          coefficient_key_heads=coefficient_key_heads,
                          coefficient_stacked=coefficient_stacked,
-                         coefficient_inline=coefficient_inline)
+                         coefficient_inline=coefficient_inline,
+                         coefficient_key_mma=coefficient_key_mma)
   return o, ssm, *rings
 
 
@@ -432,7 +468,7 @@ def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
 def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
            fold: StreamFold | None, dot_precision: str, interpret: bool, coefficients: str,
            coefficient_warps: int, coefficient_key_heads: int, coefficient_stacked: bool,
-           coefficient_inline: int | None):
+           coefficient_inline: int | None, coefficient_key_mma: bool | None):
   """The coefficients, then the stream launch(es); ``fold_rows = (fold_count, fold_base)``
   with ``fold``, else None. Returns ``(o, ssm, rings)``."""
   ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv = rings
@@ -460,6 +496,7 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
     *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
         functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=coefficient_key_heads,
                           stacked=coefficient_stacked, inline=coefficient_inline,
+                          key_mma=T > 1 if coefficient_key_mma is None else coefficient_key_mma,
                           precision_k=mma(dot_precision, K),
                           **common),
         out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
