@@ -16,8 +16,9 @@ docstring has the rest of the notation), the UT transform reads
 so the work splits:
 
 1. `_coefficients_kernel`, grid (B, H / key heads per program): per (row, key head) the
-   normalised window and its products with the key history (``X K_hist^T``,
-   ``q_hat k_hat^T``, ``k_hat k_hat^T``), then
+   normalised window and its products with the key history (``X K_hist^T``, on the tensor
+   cores from T = 2: `COEFFICIENT_KEY_MMA`) and with itself (``q_hat k_hat^T``,
+   ``k_hat k_hat^T``, exact fp32), then
    for each of its value heads the gates, the UT inverse and the small matrices ``[Dh; Oh]``,
    ``(P, Dy, M)``, ``eq``, into fp32 scratch with ``X`` (about 90 KB per row at the anchor
    geometry, written once and read once, against 2 MB of checkpoint); it also writes the
