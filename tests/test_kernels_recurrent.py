@@ -140,11 +140,15 @@ def test_fold_bitwise_equals_recurrent_verify(case, dtype, interpret):
   check_fold(case, dtype, interpret)
 
 
-@pytest.mark.parametrize("v_blocks, prefetch", [(1, True), (2, False), (4, True), (4, False)])
-def test_fold_launches_keep_the_bits(v_blocks, prefetch, interpret):
-  """The fold's own launch (V-blocks per program, record prefetch) leaves its bits alone."""
+@pytest.mark.parametrize("v_blocks, prefetch, interleave",
+                         [(1, True, False), (2, False, False), (4, True, False),
+                          (4, False, False), (2, True, True), (4, False, True)])
+def test_fold_launches_keep_the_bits(v_blocks, prefetch, interleave, interpret):
+  """The fold's own launch (V-blocks per program, one after the other or interleaved in one
+  record loop; record prefetch) leaves its bits alone."""
   case = (3, 4, 2, 4, 16, 32, 8)  # four V-tiles per head
-  check_fold(case, jnp.bfloat16, interpret, v_blocks=v_blocks, prefetch=prefetch)
+  check_fold(case, jnp.bfloat16, interpret, v_blocks=v_blocks, prefetch=prefetch,
+             interleave=interleave)
 
 
 def test_fold_v_blocks_must_divide_the_tiles():

@@ -56,10 +56,13 @@ def test_recurrent_kernels_lower(T, tuning):
   assert all(FMA in text for text in texts)
 
 
+@pytest.mark.parametrize("interleave", [False, True])
 @pytest.mark.parametrize("tuning", TUNINGS, ids=str)
-def test_fold_lowers(tuning):
-  text = lower(functools.partial(fold.fold, tuning=tuning, interpret=False), STATE, RINGS[4],
-               RINGS[5], RINGS[2], RINGS[3], ((B,), jnp.int32), ((B,), jnp.int32),
+def test_fold_lowers(tuning, interleave):
+  """The fold, and two tiles a program folded in one record loop (`fold.FOLD_INTERLEAVE`)."""
+  launch = dict(v_blocks=min(2, V // tuning.block_v), interleave=True) if interleave else {}
+  text = lower(functools.partial(fold.fold, tuning=tuning, interpret=False, **launch), STATE,
+               RINGS[4], RINGS[5], RINGS[2], RINGS[3], ((B,), jnp.int32), ((B,), jnp.int32),
                ((B,), jnp.int32))
   assert FMA in text  # the same arithmetic as the recurrent kernels: the bitwise tie
 

@@ -32,32 +32,40 @@ from replayssm_jax.kernels.recurrent import scatter_rows
 # when no row folds (9.2 against 24 us at B=256), which `ssm` now skips altogether.
 FOLD_V_BLOCKS = 1
 FOLD_PREFETCH = True
+# Whether a program folds its V-blocks in one record loop (True; each record's k loaded and
+# normalised once for all of them, their updates independent chains for the same warps) or one
+# after the other. Every tile keeps the recurrent kernels' layout, so the bits do not change.
+# Not yet timed on a GPU (benchmarks/NOTES.md, "Next device session").
+FOLD_INTERLEAVE = False
 
 
 def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, *, slot, h, kh,
-              rows: pl.Slice, count, base, ring_len: int, k_chunk: int, prefetch: bool,
-              compiled: bool) -> None:
+              rows: pl.Slice | tuple[pl.Slice, ...], count, base, ring_len: int, k_chunk: int,
+              prefetch: bool, compiled: bool) -> None:
   """Replay ``count`` records of (slot, value head h) into ``ssm_ref[slot, h, rows, :]`` in place.
 
   The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
   shared by `fold` and the split replay verify's stream (`replay_split`), so both fold to the
-  same bits. Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is
-  normalised where it is used, as the recurrent kernels normalise it.
+  same bits; ``rows`` may also be a tuple of tiles, folded in one record loop, each as alone.
+  Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is normalised where it
+  is used, as the recurrent kernels normalise it.
   """
   K = ssm_ref.shape[-1]
+  tiles = rows if isinstance(rows, tuple) else (rows,)
 
   def record(i):  # the raw inputs of record i
     p = (base + i) & (ring_len - 1)
     return (tile.load(ring_rawk_ref, (slot, kh, p), K, k_chunk),
-            ring_rawv_ref[slot, h, p, rows].astype(jnp.float32),
+            tuple(ring_rawv_ref[slot, h, p, r].astype(jnp.float32) for r in tiles),
             ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])
 
   def update(S, rec):
     k, v, g, beta = rec
-    return tile.delta_rule_step(S, tile.l2_normalize(k, compiled=compiled), v, g, beta,
-                                compiled=compiled)[0]
+    k_hat = tile.l2_normalize(k, compiled=compiled)
+    return tuple(tile.delta_rule_step(S_t, k_hat, v_t, g, beta, compiled=compiled)[0]
+                 for S_t, v_t in zip(S, v))
 
-  S = tile.load(ssm_ref, (slot, h, rows), K, k_chunk)
+  S = tuple(tile.load(ssm_ref, (slot, h, r), K, k_chunk) for r in tiles)
   if prefetch:
     # Record i + 1 is loaded before record i is applied, so its memory latency hides behind
     # the update; the last load reads a ring entry it never uses (in bounds: index mod L).
@@ -69,7 +77,8 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
     S, _ = jax.lax.fori_loop(0, count, step, (S, record(0)))
   else:
     S = jax.lax.fori_loop(0, count, lambda i, S: update(S, record(i)), S)
-  tile.store(ssm_ref, (slot, h, rows), S)
+  for r, S_t in zip(tiles, S):
+    tile.store(ssm_ref, (slot, h, r), S_t)
 
 
 def _fold_kernel(
@@ -91,22 +100,30 @@ def _fold_kernel(
     k_chunk: int,
     v_blocks: int,
     prefetch: bool,
+    interleave: bool,
     compiled: bool,
 ):
   del ssm_in_ref  # the same buffer as ssm_ref
   row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   slot, count, base = slot_ids_ref[row], count_ref[row], cache_base_ref[row]
 
-  def fold_tile(jj, carry):
+  tile_rows = lambda jj: pl.ds((j * v_blocks + jj) * block_v, block_v)
+
+  def fold_tiles(rows):
     fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, slot=slot, h=h,
-              kh=h // gqa_ratio, rows=pl.ds((j * v_blocks + jj) * block_v, block_v),
-              count=count, base=base, ring_len=ring_len, k_chunk=k_chunk, prefetch=prefetch,
-              compiled=compiled)
-    return carry
+              kh=h // gqa_ratio, rows=rows, count=count, base=base, ring_len=ring_len,
+              k_chunk=k_chunk, prefetch=prefetch, compiled=compiled)
 
   @pl.when((slot >= 0) & (count > 0))
   def _fold():
-    jax.lax.fori_loop(0, v_blocks, fold_tile, 0)
+    if interleave:  # all tiles in one record loop
+      fold_tiles(tuple(tile_rows(jj) for jj in range(v_blocks)))
+    else:  # one tile after the other
+      def one_tile(jj, carry):
+        fold_tiles(tile_rows(jj))
+        return carry
+
+      jax.lax.fori_loop(0, v_blocks, one_tile, 0)
 
 
 def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base):
@@ -125,10 +142,11 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
     raise ValueError(f"the exact fold needs an fp32 checkpoint; ssm is {ssm.dtype}.")
 
 
-@functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch"))
+@functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch",
+                                             "interleave"))
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
          tuning: KernelTuning, interpret: bool, v_blocks: int | None = None,
-         prefetch: bool | None = None):
+         prefetch: bool | None = None, interleave: bool | None = None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
@@ -142,7 +160,9 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     v_blocks: ``[BV, K]`` tiles one program folds one after the other (default
       `FOLD_V_BLOCKS`): fewer, longer programs, a cheaper launch when few rows fold.
     prefetch: load record ``i + 1`` before applying record ``i`` (default `FOLD_PREFETCH`).
-    Neither changes the arithmetic: every launch folds to the same bits.
+    interleave: fold a program's ``v_blocks`` tiles in one record loop (default
+      `FOLD_INTERLEAVE`).
+    None changes the arithmetic: every launch folds to the same bits.
 
   Returns:
     The updated ``ssm``.
@@ -153,12 +173,13 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   tiles = V // tuning.block_v
   v_blocks = FOLD_V_BLOCKS if v_blocks is None else v_blocks
   prefetch = FOLD_PREFETCH if prefetch is None else prefetch
+  interleave = FOLD_INTERLEAVE if interleave is None else interleave
   if v_blocks < 1 or tiles % v_blocks:
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
   kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, block_v=tuning.block_v,
                              k_chunk=tuning.k_chunk, v_blocks=v_blocks, prefetch=prefetch,
-                             compiled=not interpret)
+                             interleave=interleave, compiled=not interpret)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
   return pl.pallas_call(
@@ -169,7 +190,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
       name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{tuning.k_chunk}"
-           f"_vb{v_blocks}{'_pf' if prefetch else ''}",
+           f"_vb{v_blocks}{'_il' if interleave else ''}{'_pf' if prefetch else ''}",
   )(*inputs.values())
 
 
