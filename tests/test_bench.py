@@ -210,7 +210,11 @@ def test_sweep_stream_fold_smoke(tmp_path):
   rows = json.loads(out.read_text())["rows"]
   assert rows and all(r["fold_bitwise"] is True and r["fused_us"] > 0 and r["apart_us"] > 0
                       for r in rows)
-  assert {r["prefetch"] for r in rows} == set(sweep.STREAM_FOLD_PREFETCH)
+  loops = {(r["fold_block_v"], r["prefetch"], r["interleave"]) for r in rows}
+  tiles = {n for n, *_ in loops}
+  assert len(tiles) > 1  # the tiny stream tile holds several fold tiles: interleaved too
+  assert loops == {(n, *loop) for n in tiles for loop in sweep.STREAM_FOLD_LOOPS
+                   if n < max(tiles) or not loop[1]}
   assert sum(r["default"] for r in rows) == 1
 
 

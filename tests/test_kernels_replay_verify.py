@@ -358,6 +358,28 @@ def test_fold_inside_the_stream(c: Case, launch, first, order, interpret):
     np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
 
 
+@pytest.mark.parametrize("interleave", [False, True])
+@pytest.mark.parametrize("c", [FUSED_CASES[0], FUSED_CASES[2]], ids=lambda c: c.id)
+def test_fold_inside_the_stream_in_several_tiles(c: Case, interleave, interpret):
+  """A stream program folding its checkpoint rows as four tiles, one after the other or in one
+  record loop (`replay_split.StreamFold.interleave`): the fold kernel's bits, as with one."""
+  inp = make_inputs(c, seed=2)
+  (count, fold_base), cursors = _flush_some_rows(inp, c)
+  inp = {**inp, **cursors}
+  # Both hold a 4-row tile over two warps: one layout, so the bits are the fold kernel's on a GPU.
+  fold_tuning = KernelTuning(block_v=c.block_v // 4, num_warps=2, k_chunk=16)
+  folded = fold.fold(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
+                     inp["ring_beta"], inp["slot_ids"], count, fold_base, tuning=fold_tuning,
+                     interpret=interpret)
+  assert not np.array_equal(bits(folded), bits(inp["ssm"]))  # some rows did fold
+  ssm = replay_split.fold_replay_verify_split(
+      **inp, fold_count=count, fold_base=fold_base,
+      tuning=KernelTuning(block_v=c.block_v, num_warps=2), fold_tuning=fold_tuning,
+      fold_block_v=c.block_v // 4, fold_interleave=interleave,
+      dot_precision=c.precision, interpret=interpret)[1]
+  np.testing.assert_array_equal(bits(ssm), bits(folded))
+
+
 def test_fused_cases_permute_the_rows():
   """`test_fold_inside_the_stream`'s fold-first launch meets a launch order that is not the row
   order, so a row's arrays read at the wrong place would show."""

@@ -59,8 +59,9 @@ def test_recurrent_kernels_lower(T, tuning):
 @pytest.mark.parametrize("interleave", [False, True])
 @pytest.mark.parametrize("tuning", TUNINGS, ids=str)
 def test_fold_lowers(tuning, interleave):
-  """The fold, and two tiles a program folded in one record loop (`fold.FOLD_INTERLEAVE`)."""
-  launch = dict(v_blocks=min(2, V // tuning.block_v), interleave=True) if interleave else {}
+  """The fold, one tile a program or two folded in one record loop (`fold.FOLD_INTERLEAVE`)."""
+  launch = (dict(v_blocks=min(2, V // tuning.block_v), interleave=True) if interleave
+            else dict(v_blocks=1, interleave=False))
   text = lower(functools.partial(fold.fold, tuning=tuning, interpret=False, **launch), STATE,
                RINGS[4], RINGS[5], RINGS[2], RINGS[3], ((B,), jnp.int32), ((B,), jnp.int32),
                ((B,), jnp.int32))
@@ -108,6 +109,17 @@ def test_fold_inside_the_stream_lowers(T, fold_block_v, fold_launch, fold_first)
   assert FMA in text and "gpu.barrier" in text
   own = ["_fold_folding", "_unfolded", "stablehlo.case"]
   assert all((name in text) == (fold_launch == "own") for name in own)
+
+
+@pytest.mark.parametrize("fold_block_v", [32, 64])
+def test_interleaved_fold_inside_the_stream_lowers(fold_block_v):
+  """The stream folding its tiles in one record loop (`replay_split.STREAM_FOLD_INTERLEAVE`)."""
+  text = lower(functools.partial(
+      replay_split.fold_replay_verify_split, tuning=KernelTuning.replay_default(V, 4),
+      fold_tuning=KernelTuning.state_default(V), fold_block_v=fold_block_v,
+      fold_interleave=True, dot_precision="default", interpret=False),
+      STATE, *RINGS, *window(4), *[((B,), jnp.int32)] * 4)
+  assert FMA in text and "gpu.barrier" in text
 
 
 @pytest.mark.parametrize("rows", [3, 256])

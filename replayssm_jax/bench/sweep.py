@@ -201,21 +201,34 @@ def sweep_fold(gdn, B, reps, n_fold=12):
                empty_us=round(t0.median_us, 1))
 
 
-STREAM_FOLD_TILES = (32, 64)  # rows of the tiles the stream kernel folds in, beside the default
-STREAM_FOLD_PREFETCH = (True, False)  # and whether it loads record i + 1 before applying record i
+STREAM_FOLD_SPLITS = (2, 4)  # fold tiles per stream tile, beside the default's
+# Its record loop: whether it loads record i + 1 before applying record i, and whether it folds
+# a program's tiles in one loop (if it has several) or one after the other: (prefetch, interleave)
+STREAM_FOLD_LOOPS = ((True, False), (False, False), (True, True), (False, True))
+# Stream launches beside the default (None): eight warps hold a [128, K] tile as the
+# recurrent kernels' warps hold theirs, so it folds as one tile.
+STREAM_FOLD_TUNINGS = (None, KernelTuning(block_v=128, num_warps=8, k_chunk=64, num_stages=2))
 
 
 def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4):
   """The fold inside the split verify's stream kernel (`replay_split.fold_replay_verify_split`)
-  per fold tile height (`STREAM_FOLD_TILES` and the default) and record prefetch
-  (`STREAM_FOLD_PREFETCH`): every row folding ``n_fold`` records and then verifying a T-token
-  window, checked bitwise against the recurrent state and timed against the fold kernel
-  followed by the split verify (`apart_us`); and no row folding (`idle_us`), against the split
-  verify alone (`plain_us`): what the fold's code costs the stream."""
+  per stream launch (`STREAM_FOLD_TUNINGS`), fold tile height (`STREAM_FOLD_SPLITS` and the
+  default) and record loop (`STREAM_FOLD_LOOPS`): every row folding ``n_fold`` records and
+  then verifying a T-token window, checked bitwise against the recurrent state and timed
+  against the fold kernel followed by the split verify (`apart_us`); and no row folding
+  (`idle_us`), against the split verify alone (`plain_us`): what the fold's code costs the
+  stream."""
+  for stream in STREAM_FOLD_TUNINGS:
+    yield from _sweep_stream_fold(gdn, B, reps, n_fold, T, stream)
+
+
+def _sweep_stream_fold(gdn, B, reps, n_fold, T, stream):
   rng = np.random.default_rng(3)
   kern = bench.kernels_for("pallas")
   tuning = kern.state_tuning(gdn.head_v_dim)
-  stream = kern.replay_tuning(gdn.head_v_dim, T, B)
+  stream = stream or kern.replay_tuning(gdn.head_v_dim, T, B)
+  if stream.block_v > gdn.head_v_dim:
+    return
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   S0, rings, count, base, expected = _fold_case_rings(gdn, B, rng, kern, tuning, n_fold)
   x = _inputs(rng, B, T, gdn)
@@ -237,24 +250,30 @@ def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4):
 
   apart_t, _ = time_calls(jax.jit(apart, donate_argnums=0), fresh(), reps=reps)
   plain_t, _ = time_calls(jax.jit(lambda c: verify(*c), donate_argnums=0), fresh(), reps=reps)
-  candidates = {replay_split.stream_fold_block_v(stream, tuning), *STREAM_FOLD_TILES}
+  candidates = {replay_split.stream_fold_block_v(stream, tuning),
+                *(stream.block_v // n for n in STREAM_FOLD_SPLITS)}
   tiles = sorted(n for n in candidates if 0 < n <= stream.block_v)
-  for fold_block_v, prefetch in ((n, pf) for n in tiles for pf in STREAM_FOLD_PREFETCH):
+  loops = [(n, pf, il) for n in tiles for pf, il in STREAM_FOLD_LOOPS
+           if n < stream.block_v or not il]
+  for fold_block_v, prefetch, interleave in loops:
 
-    def fused(c, counts, fbv=fold_block_v, pf=prefetch):
+    def fused(c, counts, fbv=fold_block_v, pf=prefetch, il=interleave):
       ssm, rs = c
       _, ssm, *out = replay_split.fold_replay_verify_split(
           ssm, *(rs[n] for n in RINGS), *_window(x), slot_ids, *after, counts, base,
           tuning=stream, fold_tuning=tuning, fold_block_v=fbv, prefetch=pf,
-          dot_precision="default", interpret=interpret)
+          fold_interleave=il, dot_precision="default", interpret=interpret)
       return ssm, dict(zip(RINGS, out))
 
     fused = jax.jit(fused, donate_argnums=0)
     state = fused(fresh(), count)
-    default = (fold_block_v == replay_split.stream_fold_block_v(stream, tuning)
-               and prefetch == replay_split.STREAM_FOLD_PREFETCH)
-    row = dict(kernel=f"stream_fold_T{T}", B=B, n_fold=n_fold, fold_block_v=fold_block_v,
-               prefetch=prefetch, default=default,
+    default = (stream == kern.replay_tuning(gdn.head_v_dim, T, B)
+               and fold_block_v == replay_split.stream_fold_block_v(stream, tuning)
+               and prefetch == replay_split.STREAM_FOLD_PREFETCH
+               and interleave == replay_split.STREAM_FOLD_INTERLEAVE)
+    row = dict(kernel=f"stream_fold_T{T}", B=B, n_fold=n_fold,
+               stream=dataclasses.asdict(stream), fold_block_v=fold_block_v, prefetch=prefetch,
+               interleave=interleave, default=default,
                fold_bitwise=bool(jnp.array_equal(state[0], expected)))
     t, state = time_calls(lambda c: fused(c, count), state, reps=reps)
     idle, _ = time_calls(lambda c: fused(c, jnp.zeros_like(count)), state, reps=reps)

@@ -228,6 +228,7 @@ class StreamFold(NamedTuple):
   k_chunk: int
   prefetch: bool
   launch: str  # one of FOLD_LAUNCHES
+  interleave: bool  # the program's tiles folded in one record loop (`STREAM_FOLD_INTERLEAVE`)
   first: bool  # launch the folding rows' programs first (`STREAM_FOLD_FIRST`)
   order: str  # how that order is computed (`LAUNCH_ORDER`)
   compiled: bool
@@ -305,17 +306,25 @@ def _fold_tile_first(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_bet
   stream reads them: a flush row's checkpoint is read and written once, not read a second
   time by a stream after a separate fold kernel."""
 
+  def fold_tiles(rows):
+    fold_kernels.fold_rows(
+        ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, slot=slot, h=h, kh=kh,
+        rows=rows, count=count, base=base, ring_len=L, k_chunk=fold.k_chunk,
+        prefetch=fold.prefetch, compiled=fold.compiled)
+
+  tile_rows = lambda t: pl.ds(first_row + t * fold.block_v, fold.block_v)
+  tiles = rows // fold.block_v
+
   @pl.when(count > 0)
   def _fold():
-    def fold_tile(t, carry):
-      fold_kernels.fold_rows(
-          ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, slot=slot, h=h,
-          kh=kh, rows=pl.ds(first_row + t * fold.block_v, fold.block_v), count=count,
-          base=base, ring_len=L, k_chunk=fold.k_chunk, prefetch=fold.prefetch,
-          compiled=fold.compiled)
-      return carry
+    if fold.interleave:  # all tiles in one record loop
+      fold_tiles(tuple(tile_rows(t) for t in range(tiles)))
+    else:
+      def fold_tile(t, carry):
+        fold_tiles(tile_rows(t))
+        return carry
 
-    jax.lax.fori_loop(0, rows // fold.block_v, fold_tile, 0)
+      jax.lax.fori_loop(0, tiles, fold_tile, 0)
     if fold.compiled:  # the stream's threads read what other threads of the program stored
       pltriton.debug_barrier()
 
@@ -353,6 +362,11 @@ LAUNCH_ORDER = "pallas"
 # Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
 # (707 -> 733), and the decode cycle lost 1.5-2.3 us (benchmarks/NOTES.md run 10).
 STREAM_FOLD_PREFETCH = True
+# Whether the stream folds a program's tiles (``block_v // fold_block_v`` of them) in one record
+# loop, as `fold.FOLD_INTERLEAVE`, or one after the other. Unlike the fold kernel's, it loses
+# (H200, B=256, run 15): 12 records 687.5 -> 734.6 us, a step without a fold 220 -> 258 (the
+# stream's registers already hold its [128, K] tile's stream state; eight warps lose more).
+STREAM_FOLD_INTERLEAVE = False
 
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
@@ -393,15 +407,16 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
 
 
 @functools.partial(jax.jit, static_argnames=(*_SPLIT_STATIC, "fold_tuning", "fold_block_v",
-                                             "prefetch", "fold_launch", "fold_first",
-                                             "launch_order"))
+                                             "prefetch", "fold_interleave", "fold_launch",
+                                             "fold_first", "launch_order"))
 def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                              q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
                              fold_count, fold_base, *, tuning: KernelTuning,
                              fold_tuning: KernelTuning, dot_precision: str, interpret: bool,
                              fold_block_v: int | None = None, prefetch: bool | None = None,
-                             fold_launch: str | None = None, fold_first: bool | None = None,
-                             launch_order: str | None = None, coefficients: str = "pallas",
+                             fold_interleave: bool | None = None, fold_launch: str | None = None,
+                             fold_first: bool | None = None, launch_order: str | None = None,
+                             coefficients: str = "pallas",
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
                              coefficient_stacked: bool = COEFFICIENT_STACKED,
@@ -412,13 +427,15 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
 
   A folding row's stream programs replay its records into their checkpoint rows in place
   (`fold.fold_rows` in ``[fold_block_v, K]`` tiles held as ``fold_tuning.k_chunk`` chunks,
-  ``prefetch`` as `fold.fold`, by default `STREAM_FOLD_PREFETCH`), then stream them for the
-  window. ``write_pos`` and ``cache_base`` are the cursors after the fold (the coefficients see
-  no history for a folded row). ``ssm`` is aliased: updated in place. ``fold_launch``
-  (default `FOLD_LAUNCH`): the folding rows streamed in the same launch as the others
-  (``"shared"``) or in one of their own, skipped when no row folds (``"own"``); ``fold_first``
-  (default `STREAM_FOLD_FIRST`): the folding rows' programs launched first, in the order that
-  ``launch_order`` computes (default `LAUNCH_ORDER`). The same bits.
+  ``prefetch`` as `fold.fold`, by default `STREAM_FOLD_PREFETCH`; a program's tiles one after
+  the other or, with ``fold_interleave`` (default `STREAM_FOLD_INTERLEAVE`), in one record
+  loop), then stream them for the window. ``write_pos`` and ``cache_base`` are the cursors
+  after the fold (the coefficients see no history for a folded row). ``ssm`` is aliased:
+  updated in place. ``fold_launch`` (default `FOLD_LAUNCH`): the folding rows streamed in the
+  same launch as the others (``"shared"``) or in one of their own, skipped when no row folds
+  (``"own"``); ``fold_first`` (default `STREAM_FOLD_FIRST`): the folding rows' programs
+  launched first, in the order that ``launch_order`` computes (default `LAUNCH_ORDER`). The
+  same bits.
 
   The bitwise tie: rows are independent, but the order of each sum over K follows how Triton
   lays a ``[fold_block_v, k_chunk]`` chunk over the program's threads. The default,
@@ -437,6 +454,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   fold = StreamFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
                     prefetch=STREAM_FOLD_PREFETCH if prefetch is None else prefetch,
                     launch=_choice("fold_launch", fold_launch or FOLD_LAUNCH, FOLD_LAUNCHES),
+                    interleave=(STREAM_FOLD_INTERLEAVE if fold_interleave is None
+                                else fold_interleave),
                     first=STREAM_FOLD_FIRST if fold_first is None else fold_first,
                     order=_choice("launch_order", launch_order or LAUNCH_ORDER, LAUNCH_ORDERS),
                     compiled=not interpret)
