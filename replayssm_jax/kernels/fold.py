@@ -15,6 +15,7 @@ bits that `recurrent.token_inputs` produced when the records were written).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -25,18 +26,17 @@ from replayssm_jax.kernels import tile
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.recurrent import scatter_rows
 
-# The fold's own launch, beyond the shared tuning (neither changes its bits). H200, 12 records
-# (benchmarks/NOTES.md run 7): loading record i+1 before applying record i folds B=256 in 557
-# against 595 us (B=64: 150 against 158); four tiles per program in 571 us, but at B=16 in 60
-# against 48 us, and with prefetch in 624. Several tiles per program made the launch cheaper
-# when no row folds (9.2 against 24 us at B=256), which `ssm` now skips altogether.
-FOLD_V_BLOCKS = 1
+# The fold's own launch, beyond the shared tuning (none changes its bits): two tiles per program
+# (`FOLD_V_BLOCKS`, or as many as divide the head's), folded in one record loop
+# (`FOLD_INTERLEAVE`: each record's k loaded and normalised once for both, their updates two
+# independent chains for the same warps), loading record i+1 before applying record i
+# (`FOLD_PREFETCH`). H200, 12 records (benchmarks/NOTES.md run 15), against one tile per
+# program with prefetch: B=1 14.3 -> 11.6 us, B=16 44.9 -> 38.8, B=64 152.1 -> 135.6, B=256
+# 556.4 -> 505.6, B=512 1110 -> 944; the best launch or within 2% of it at every B. Four
+# interleaved tiles spill (B=256: 1192 us); the two tiles one after the other lose at B=1.
+FOLD_V_BLOCKS = 2
 FOLD_PREFETCH = True
-# Whether a program folds its V-blocks in one record loop (True; each record's k loaded and
-# normalised once for all of them, their updates independent chains for the same warps) or one
-# after the other. Every tile keeps the recurrent kernels' layout, so the bits do not change.
-# Not yet timed on a GPU (benchmarks/NOTES.md, "Next device session").
-FOLD_INTERLEAVE = False
+FOLD_INTERLEAVE = True
 
 
 def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, *, slot, h, kh,
@@ -157,8 +157,8 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     cache_base: ``int32[B]``, ring index of each row's logical record 0.
     tuning: launch parameters; must be the recurrent kernels' for the bitwise tie.
     interpret: run the Pallas interpreter (CPU).
-    v_blocks: ``[BV, K]`` tiles one program folds one after the other (default
-      `FOLD_V_BLOCKS`): fewer, longer programs, a cheaper launch when few rows fold.
+    v_blocks: ``[BV, K]`` tiles one program folds (default `FOLD_V_BLOCKS`, or the most of
+      them up to it that divide the head's tiles): fewer, longer programs.
     prefetch: load record ``i + 1`` before applying record ``i`` (default `FOLD_PREFETCH`).
     interleave: fold a program's ``v_blocks`` tiles in one record loop (default
       `FOLD_INTERLEAVE`).
@@ -171,7 +171,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   B, (_, HV, V, K), H, L = slot_ids.shape[0], ssm.shape, ring_rawk.shape[1], ring_rawk.shape[2]
   tuning.check(V, K)
   tiles = V // tuning.block_v
-  v_blocks = FOLD_V_BLOCKS if v_blocks is None else v_blocks
+  v_blocks = math.gcd(FOLD_V_BLOCKS, tiles) if v_blocks is None else v_blocks
   prefetch = FOLD_PREFETCH if prefetch is None else prefetch
   interleave = FOLD_INTERLEAVE if interleave is None else interleave
   if v_blocks < 1 or tiles % v_blocks:
