@@ -4,10 +4,11 @@
 - Recurrent verify, recurrent decode and the exact fold, which must share their tuning: each
   candidate is timed and checked for the bitwise equality the design rests on (a fold of 12
   records written by the replay verify equals the recurrent verify's state after 12 tokens).
-- The Pallas fold's own launch (V-blocks per program, record prefetch), with 12 records and
-  with none, under the same bitwise check.
-- The fold inside the split verify's stream kernel per fold tile height, under the same
-  bitwise check, against the fold kernel followed by the split verify.
+- The Pallas fold's own launch (V-blocks per program, one after the other or in one record
+  loop, record prefetch), with 12 records and with none, under the same bitwise check.
+- The fold inside the split verify's stream kernel per stream launch, fold tile height and
+  record loop, under the same bitwise check, against the fold kernel followed by the split
+  verify.
 
 Each backend has its own candidates (`CANDIDATES`): the triton kernels hold their tiles
 differently (`kernels/triton/tile.py`).
