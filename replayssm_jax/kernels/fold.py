@@ -81,6 +81,23 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
     tile.store(ssm_ref, (slot, h, r), S_t)
 
 
+def fold_tiles(ssm_ref, *rings, first_row, block_v: int, tiles: int, interleave: bool,
+               **kw) -> None:
+  """`fold_rows` of the ``tiles`` ``[block_v, K]`` tiles from row ``first_row`` on: in one
+  record loop (``interleave``) or one after the other (a loop over the tiles). ``rings``:
+  rawk, rawv, g, beta; ``kw``: the rest of `fold_rows`'s arguments."""
+  tile_rows = lambda t: pl.ds(first_row + t * block_v, block_v)
+  if interleave:
+    fold_rows(ssm_ref, *rings, rows=tuple(tile_rows(t) for t in range(tiles)), **kw)
+    return
+
+  def one_tile(t, carry):
+    fold_rows(ssm_ref, *rings, rows=tile_rows(t), **kw)
+    return carry
+
+  jax.lax.fori_loop(0, tiles, one_tile, 0)
+
+
 def _fold_kernel(
     # inputs
     slot_ids_ref,  # [B] int32
@@ -107,23 +124,12 @@ def _fold_kernel(
   row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   slot, count, base = slot_ids_ref[row], count_ref[row], cache_base_ref[row]
 
-  tile_rows = lambda jj: pl.ds((j * v_blocks + jj) * block_v, block_v)
-
-  def fold_tiles(rows):
-    fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, slot=slot, h=h,
-              kh=h // gqa_ratio, rows=rows, count=count, base=base, ring_len=ring_len,
-              k_chunk=k_chunk, prefetch=prefetch, compiled=compiled)
-
   @pl.when((slot >= 0) & (count > 0))
   def _fold():
-    if interleave:  # all tiles in one record loop
-      fold_tiles(tuple(tile_rows(jj) for jj in range(v_blocks)))
-    else:  # one tile after the other
-      def one_tile(jj, carry):
-        fold_tiles(tile_rows(jj))
-        return carry
-
-      jax.lax.fori_loop(0, v_blocks, one_tile, 0)
+    fold_tiles(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
+               first_row=j * v_blocks * block_v, block_v=block_v, tiles=v_blocks,
+               interleave=interleave, slot=slot, h=h, kh=h // gqa_ratio, count=count, base=base,
+               ring_len=ring_len, k_chunk=k_chunk, prefetch=prefetch, compiled=compiled)
 
 
 def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base):

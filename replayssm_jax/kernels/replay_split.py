@@ -306,25 +306,13 @@ def _fold_tile_first(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_bet
   stream reads them: a flush row's checkpoint is read and written once, not read a second
   time by a stream after a separate fold kernel."""
 
-  def fold_tiles(rows):
-    fold_kernels.fold_rows(
-        ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, slot=slot, h=h, kh=kh,
-        rows=rows, count=count, base=base, ring_len=L, k_chunk=fold.k_chunk,
-        prefetch=fold.prefetch, compiled=fold.compiled)
-
-  tile_rows = lambda t: pl.ds(first_row + t * fold.block_v, fold.block_v)
-  tiles = rows // fold.block_v
-
   @pl.when(count > 0)
   def _fold():
-    if fold.interleave:  # all tiles in one record loop
-      fold_tiles(tuple(tile_rows(t) for t in range(tiles)))
-    else:
-      def fold_tile(t, carry):
-        fold_tiles(tile_rows(t))
-        return carry
-
-      jax.lax.fori_loop(0, tiles, fold_tile, 0)
+    fold_kernels.fold_tiles(
+        ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, first_row=first_row,
+        block_v=fold.block_v, tiles=rows // fold.block_v, interleave=fold.interleave, slot=slot,
+        h=h, kh=kh, count=count, base=base, ring_len=L, k_chunk=fold.k_chunk,
+        prefetch=fold.prefetch, compiled=fold.compiled)
     if fold.compiled:  # the stream's threads read what other threads of the program stored
       pltriton.debug_barrier()
 
