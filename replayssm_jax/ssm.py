@@ -11,9 +11,11 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
 - ``"replayssm"`` (`ReplayCache`): verify first folds the rows marked ``is_flush``
   (exact replay of their committed raw records into the checkpoint), then computes
   the window outputs from checkpoint + ring history and appends the window's
-  records; commit only moves cursors. On the Pallas split form (B >= 16 windows, B >= 64
-  decode) the fold runs inside the replay verify's checkpoint stream (`FUSE_FOLD`); otherwise
-  it is a kernel of its own, skipped on the device when no row folds (`SKIP_IDLE_FOLD`).
+  records; commit only moves cursors. With the Pallas backend the fold runs inside the replay
+  verify: in its checkpoint stream in the split form (B >= 16 windows, B >= 64 decode,
+  `FUSE_FOLD`), in the one kernel of the UT and vector forms below those sizes
+  (`FUSE_FOLD_ONE_KERNEL`); otherwise it is a kernel of its own, skipped on the device when no
+  row folds (`SKIP_IDLE_FOLD`).
   With `SpecConfig.fold_together`, the rows of a step that folds also fold along when they
   hold that many records, which keeps rows in phase (exact all the same).
 
@@ -88,6 +90,11 @@ SKIP_IDLE_FOLD = True
 # stream for such steps with a `lax.cond` made XLA copy the rings, so there is no skip; the
 # folding rows in a launch of their own (`replay_split.FOLD_LAUNCH`) lose under real traffic.
 FUSE_FOLD = True
+# Whether the one-kernel replay verify forms (UT, vector: B < 16 windows, B < 64 decode) fold
+# the flush rows in their programs, in place of the fold kernel in a `lax.cond` before them.
+# H200 (benchmarks/NOTES.md run 16): the B=1 flush step 23.5 -> 20.2 us (16.4 with the UT form's
+# 32-row programs), a B=1 step without a fold 12.8 -> 10.5, B=16 decode out of phase 31.4 -> 23.8.
+FUSE_FOLD_ONE_KERNEL = True
 
 
 def init(gdn: GDNConfig, spec: SpecConfig, num_slots: int, *, dtype=jnp.bfloat16) -> SSMCache:
@@ -278,11 +285,12 @@ def _fold(cache: ReplayCache, slot_ids, count, cache_base, spec: SpecConfig,
 
 
 def _fuses_fold(spec: SpecConfig, q, tuning: KernelTuning, replay_tuning: KernelTuning) -> bool:
-  """Whether the replay verify folds the flush rows itself (`FUSE_FOLD`): the Pallas split
-  form does, when its stream tiles are whole fold tiles."""
+  """Whether the replay verify folds the flush rows itself: the Pallas split form's stream
+  (`FUSE_FOLD`) or the one-kernel forms (`FUSE_FOLD_ONE_KERNEL`), when their programs hold
+  whole fold tiles."""
   fold_block_v = replay_split.stream_fold_block_v(replay_tuning, tuning)
-  return (FUSE_FOLD and spec.backend == "pallas"
-          and replay_form(q.shape[1], q.shape[0]).startswith("split")
+  split = replay_form(q.shape[1], q.shape[0]).startswith("split")
+  return ((FUSE_FOLD if split else FUSE_FOLD_ONE_KERNEL) and spec.backend == "pallas"
           and fold_block_v > 0 and replay_tuning.block_v % fold_block_v == 0)
 
 

@@ -41,21 +41,24 @@ def test_bench_paths(tmp_path):
 
 def test_bench_fold_together_smoke(tmp_path):
   """``--fold-together``: every path runs with rows folding along; the file says so, and the
-  ``--fold-launch``, ``--fold-first`` and ``--launch-order`` it ran under, which end with the
-  call."""
+  ``--fold-launch``, ``--fold-first``, ``--launch-order`` and ``--one-kernel-fold`` it ran
+  under, which end with the call (B=2: the one-kernel forms)."""
   out = tmp_path / "results.json"
   other = next(x for x in replay_split.FOLD_LAUNCHES if x != replay_split.FOLD_LAUNCH)
   default, first = replay_split.FOLD_LAUNCH, replay_split.STREAM_FOLD_FIRST
   order = next(x for x in replay_split.LAUNCH_ORDERS if x != replay_split.LAUNCH_ORDER)
+  one = ssm.FUSE_FOLD_ONE_KERNEL
   assert kernels.main(["--tiny", "--batch", "2", "--reps", "1", "--copy-gib", "0.004",
                        "--decode-rings", "8", "--fold-together", "0.5", "--fold-launch", other,
                        "--no-fold-first" if first else "--fold-first", "--launch-order", order,
+                       "--no-one-kernel-fold" if one else "--one-kernel-fold",
                        "--out", str(out)]) == 0
   result = json.loads(out.read_text())
   assert result["fold_together"] == 0.5
   assert result["fold_launch"] == other and replay_split.FOLD_LAUNCH == default
   assert result["fold_first"] is not first and replay_split.STREAM_FOLD_FIRST is first
   assert result["launch_order"] == order and replay_split.LAUNCH_ORDER != order
+  assert result["one_kernel_fold"] is not one and ssm.FUSE_FOLD_ONE_KERNEL is one
   assert {r["kernel"] for r in result["rows"]} >= {"rssm_step_mixed", "rssm_decode_spread"}
   assert [kernels.fold_together_records(x, 16) for x in (None, 0.5, 0.01, 1.0)] == [None, 8, 1, 16]
   with pytest.raises(SystemExit):
@@ -195,7 +198,8 @@ def test_sweep_fold_smoke(tmp_path):
   assert sweep.main(["--tiny", "--only", "fold", "--batch", "2", "--reps", "1",
                      "--out", str(out)]) == 0
   rows = json.loads(out.read_text())["rows"]
-  assert {(r["v_blocks"], r["prefetch"]) for r in rows} >= {(1, False), (1, True)}
+  assert {(r["v_blocks"], r["prefetch"], r["normalize_ahead"]) for r in rows} >= {
+      (1, False, False), (1, True, False), (1, True, True)}
   assert all(r["fold_bitwise"] is True and r["fold_us"] > 0 and r["empty_us"] > 0 for r in rows)
 
 

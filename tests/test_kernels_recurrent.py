@@ -140,15 +140,17 @@ def test_fold_bitwise_equals_recurrent_verify(case, dtype, interpret):
   check_fold(case, dtype, interpret)
 
 
-@pytest.mark.parametrize("v_blocks, prefetch, interleave",
-                         [(1, True, False), (2, False, False), (4, True, False),
-                          (4, False, False), (2, True, True), (4, False, True)])
-def test_fold_launches_keep_the_bits(v_blocks, prefetch, interleave, interpret):
+@pytest.mark.parametrize("v_blocks, prefetch, interleave, ahead",
+                         [(1, True, False, False), (2, False, False, False),
+                          (4, True, False, False), (4, False, False, False),
+                          (2, True, True, False), (4, False, True, False),
+                          (1, True, False, True), (4, True, False, True), (2, True, True, True)])
+def test_fold_launches_keep_the_bits(v_blocks, prefetch, interleave, ahead, interpret):
   """The fold's own launch (V-blocks per program, one after the other or interleaved in one
-  record loop; record prefetch) leaves its bits alone."""
+  record loop; record prefetch, with the next k normalised ahead) leaves its bits alone."""
   case = (3, 4, 2, 4, 16, 32, 8)  # four V-tiles per head
   check_fold(case, jnp.bfloat16, interpret, v_blocks=v_blocks, prefetch=prefetch,
-             interleave=interleave)
+             interleave=interleave, normalize_ahead=ahead)
 
 
 def test_fold_v_blocks_must_divide_the_tiles():

@@ -380,6 +380,37 @@ def test_fold_inside_the_stream_in_several_tiles(c: Case, interleave, interpret)
   np.testing.assert_array_equal(bits(ssm), bits(folded))
 
 
+@pytest.mark.parametrize("tiles", [1, 2])
+@pytest.mark.parametrize("form", ["ut", "vec"])
+@pytest.mark.parametrize("c", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
+def test_fold_inside_one_kernel(c: Case, form, tiles, interpret):
+  """`fold_and_replay_verify` in the one-kernel forms (each program folds its checkpoint rows,
+  as one tile or two in one record loop, then verifies) against the fold kernel and then the
+  same form: the same checkpoint, outputs and rings, to the bit; the padding row folds nothing."""
+  inp = make_inputs(c, seed=3)
+  (count, fold_base), cursors = _flush_some_rows(inp, c)
+  inp = {**inp, **cursors}
+  valid = np.asarray(inp["slot_ids"]) >= 0
+  # As many rows a warp as the fold kernel's programs: one layout, the same bits on a GPU.
+  fold_tuning = KernelTuning(block_v=c.block_v // tiles, num_warps=2, k_chunk=16)
+  tuning = KernelTuning(block_v=c.block_v, num_warps=2)
+  folded = fold.fold(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
+                     inp["ring_beta"], inp["slot_ids"], count, fold_base, tuning=fold_tuning,
+                     interpret=interpret)
+  assert not np.array_equal(bits(folded), bits(inp["ssm"]))  # some rows did fold
+  apart = replay_verify(**{**inp, "ssm": folded}, tuning=tuning, dot_precision=c.precision,
+                        interpret=interpret, form=form)
+  o, ssm, *rings = fold_and_replay_verify(**inp, fold_count=count, fold_base=fold_base,
+                                          tuning=tuning, fold_tuning=fold_tuning,
+                                          dot_precision=c.precision, interpret=interpret,
+                                          form=form)
+  np.testing.assert_array_equal(bits(ssm), bits(folded))
+  np.testing.assert_array_equal(bits(o[valid]), bits(apart[0][valid]))
+  np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
+  for name, x, y in zip(RING_NAMES, rings, apart[1:]):
+    np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+
+
 def test_fused_cases_permute_the_rows():
   """`test_fold_inside_the_stream`'s fold-first launch meets a launch order that is not the row
   order, so a row's arrays read at the wrong place would show."""
@@ -415,8 +446,9 @@ def test_fold_inside_the_stream_validation():
   (count, fold_base), _ = _flush_some_rows(inp, c)
   call = functools.partial(fold_and_replay_verify, **inp, fold_base=fold_base,
                            tuning=KernelTuning(block_v=16), dot_precision="ieee", interpret=True)
-  with pytest.raises(ValueError, match="form='ut' has no fold"):
-    call(fold_count=count, fold_tuning=KernelTuning(block_v=8), form="ut")
+  with pytest.raises(ValueError, match=r"the ut form's programs \(16 rows, 4 warps\) cannot fold "
+                     r"in tiles of 8 rows a warp"):  # 32-row tiles
+    call(fold_count=count, fold_tuning=KernelTuning(block_v=8, num_warps=1), form="ut")
   with pytest.raises(ValueError, match=r"fold_count is float32\[4\]; expected int32\[4\]"):
     call(fold_count=count.astype(jnp.float32), fold_tuning=KernelTuning(block_v=8), form="split")
   with pytest.raises(ValueError, match="launch_order='sort' is unknown"):

@@ -122,6 +122,18 @@ def test_interleaved_fold_inside_the_stream_lowers(fold_block_v):
   assert FMA in text and "gpu.barrier" in text
 
 
+@pytest.mark.parametrize("T", [1, 4])
+def test_fold_inside_one_kernel_lowers(T):
+  """The one-kernel forms (B=4: vector for T=1, UT for T=4) folding their rows first, at the
+  default launches: the state tiles' arithmetic, a barrier before the verify reads them."""
+  assert replay_verify.replay_form(T, B) == ("vec" if T == 1 else "ut")
+  text = lower(functools.partial(
+      replay_verify.fold_and_replay_verify, tuning=KernelTuning.replay_default(V, T, B),
+      fold_tuning=KernelTuning.state_default(V), dot_precision="default", interpret=False),
+      STATE, *RINGS, *window(T), *[((B,), jnp.int32)] * 4)
+  assert FMA in text and "gpu.barrier" in text and "fold_replay_verify_" in text
+
+
 @pytest.mark.parametrize("rows", [3, 256])
 def test_launch_order_lowers(rows):
   """The fold-first launch order's kernel (`replay_split.LAUNCH_ORDER = "pallas"`): a row

@@ -265,11 +265,20 @@ def test_long_run_no_drift(T, L):
   assert pair.folds_checked > 4000 // (L // T + 1)
 
 
-def test_ring_exactly_full_then_flush():
-  """wp reaches L - T (window fills the ring to the last record), then the next verify folds."""
+@pytest.mark.parametrize("one_kernel_fold", [True, False])
+def test_ring_exactly_full_then_flush(one_kernel_fold, monkeypatch, request):
+  """wp reaches L - T (window fills the ring to the last record), then the next verify folds:
+  inside the UT form's kernel (`ssm.FUSE_FOLD_ONE_KERNEL`) or in the fold kernel before it."""
+  monkeypatch.setattr(ssm, "FUSE_FOLD_ONE_KERNEL", one_kernel_fold)
+  jax.clear_caches()  # the knob is read at trace time: no step traced under the other value
+  request.addfinalizer(jax.clear_caches)
   rng = np.random.default_rng(1)
   T, L = 4, 16
   pair = Pair.create(T, L, "pallas", rng)
+  spec, V = pair.rep_spec, pair.rep.ssm.shape[2]
+  assert replay_form(T, 2) == "ut"
+  assert ssm._fuses_fold(spec, jnp.zeros((2, T)), ssm.default_state_tuning(spec, V),
+                         ssm.default_replay_tuning(spec, V, T, 2)) is one_kernel_fold
   pair.reset([0, 1], rng)
   for _ in range(3):  # accept all: wp 0 -> 4 -> 8 -> 12 = L - T, is_flush set
     pair.step([0, 1], [T, T], pair.window(rng, 2, T))

@@ -364,6 +364,10 @@ def main(argv=None) -> int:
   p.add_argument("--launch-order", choices=replay_split.LAUNCH_ORDERS,
                  default=replay_split.LAUNCH_ORDER,
                  help="how the fold-first launch order is computed (replay_split.LAUNCH_ORDER)")
+  p.add_argument("--one-kernel-fold", action=argparse.BooleanOptionalAction,
+                 default=ssm.FUSE_FOLD_ONE_KERNEL,
+                 help="the one-kernel replay verify forms (B < 16 windows, B < 64 decode) fold "
+                      "the flush rows in their programs (ssm.FUSE_FOLD_ONE_KERNEL)")
   args = p.parse_args(argv)
   if args.fold_together is not None and not 0 < args.fold_together <= 1:
     p.error(f"--fold-together {args.fold_together} must be a share of the ring in (0, 1].")
@@ -379,18 +383,20 @@ def main(argv=None) -> int:
                 copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
                 backend=args.backend, fold_together=args.fold_together,
                 fold_launch=args.fold_launch, fold_first=args.fold_first,
-                launch_order=args.launch_order, rows=rows)
+                launch_order=args.launch_order, one_kernel_fold=args.one_kernel_fold, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1)
 
   # Read when `ssm` traces its steps, so no step may be traced under other values.
-  knobs = dict(FOLD_LAUNCH=args.fold_launch, STREAM_FOLD_FIRST=args.fold_first,
-               LAUNCH_ORDER=args.launch_order)
-  defaults = {name: getattr(replay_split, name) for name in knobs}
-  for name, value in knobs.items():
-    setattr(replay_split, name, value)
+  knobs = {(replay_split, "FOLD_LAUNCH"): args.fold_launch,
+           (replay_split, "STREAM_FOLD_FIRST"): args.fold_first,
+           (replay_split, "LAUNCH_ORDER"): args.launch_order,
+           (ssm, "FUSE_FOLD_ONE_KERNEL"): args.one_kernel_fold}
+  defaults = {knob: getattr(*knob) for knob in knobs}
+  for (module, name), value in knobs.items():
+    setattr(module, name, value)
   jax.clear_caches()
   try:
     for B in args.batch:
@@ -412,8 +418,8 @@ def main(argv=None) -> int:
               f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%  (wall {r['wall_us']:.1f} us)", flush=True)
         save()  # after every row: a run cut short keeps what it measured
   finally:
-    for name, value in defaults.items():
-      setattr(replay_split, name, value)
+    for (module, name), value in defaults.items():
+      setattr(module, name, value)
   save()
   print(f"wrote {args.out}")
   return 0

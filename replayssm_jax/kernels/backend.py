@@ -84,13 +84,17 @@ class KernelTuning:
     form's checkpoint stream at [128, K] tiles over 4 warps, K-steps of 64 through 2 pipeline
     stages (B=256: T=4 in 216 us, T=1 in 175 us; every launch swept within 10% but the
     unpipelined one); the UT form at (64, 2); the vector form at (64, 4, K-chunks of 32).
+    A single row's UT form, whose programs fold flush rows first (`ssm.FUSE_FOLD_ONE_KERNEL`),
+    at (32, 2): twice the programs for the one row, each folding one 32-row tile (benchmarks/
+    NOTES.md run 16: the B=1 flush step 20.8 -> 16.9 us, a step without a fold 10.9 -> 9.8; at
+    B=8 (64, 2) stays ahead, 33.1 against 44.3 us).
     """
     form = replay_form(T, B)
     if form == "split":
       return cls(block_v=min(128, V), num_warps=4, k_chunk=64, num_stages=2)
     if form == "vec":
       return cls(block_v=min(64, V), num_warps=4, k_chunk=32)
-    return cls(block_v=min(64, V), num_warps=2)
+    return cls(block_v=min(32 if B == 1 else 64, V), num_warps=2)
 
   def check(self, V: int, K: int | None = None) -> None:
     """Raise `ValueError` unless ``block_v`` tiles ``V`` (and ``k_chunk`` tiles ``K``) in

@@ -20,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
 from replayssm_jax.kernels import tile
@@ -37,38 +38,45 @@ from replayssm_jax.kernels.recurrent import scatter_rows
 FOLD_V_BLOCKS = 2
 FOLD_PREFETCH = True
 FOLD_INTERLEAVE = True
+# Whether the prefetch also normalises record i + 1's k before record i is applied (its
+# reductions then overlap the update instead of leading the next one). Same bits either way.
+FOLD_NORMALIZE_AHEAD = False
 
 
 def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, *, slot, h, kh,
               rows: pl.Slice | tuple[pl.Slice, ...], count, base, ring_len: int, k_chunk: int,
-              prefetch: bool, compiled: bool) -> None:
+              prefetch: bool, compiled: bool, normalize_ahead: bool = False) -> None:
   """Replay ``count`` records of (slot, value head h) into ``ssm_ref[slot, h, rows, :]`` in place.
 
   The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
   shared by `fold` and the split replay verify's stream (`replay_split`), so both fold to the
   same bits; ``rows`` may also be a tuple of tiles, folded in one record loop, each as alone.
-  Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is normalised where it
-  is used, as the recurrent kernels normalise it.
+  Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is normalised as the
+  recurrent kernels normalise it, where it is used or, with ``prefetch`` and
+  ``normalize_ahead``, when it is loaded.
   """
   K = ssm_ref.shape[-1]
   tiles = rows if isinstance(rows, tuple) else (rows,)
+  normalize = functools.partial(tile.l2_normalize, compiled=compiled)
 
-  def record(i):  # the raw inputs of record i
+  def record(i):  # the inputs of record i
     p = (base + i) & (ring_len - 1)
-    return (tile.load(ring_rawk_ref, (slot, kh, p), K, k_chunk),
+    k = tile.load(ring_rawk_ref, (slot, kh, p), K, k_chunk)
+    return (normalize(k) if normalize_ahead else k,
             tuple(ring_rawv_ref[slot, h, p, r].astype(jnp.float32) for r in tiles),
             ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])
 
   def update(S, rec):
     k, v, g, beta = rec
-    k_hat = tile.l2_normalize(k, compiled=compiled)
+    k_hat = k if normalize_ahead else normalize(k)
     return tuple(tile.delta_rule_step(S_t, k_hat, v_t, g, beta, compiled=compiled)[0]
                  for S_t, v_t in zip(S, v))
 
   S = tuple(tile.load(ssm_ref, (slot, h, r), K, k_chunk) for r in tiles)
   if prefetch:
-    # Record i + 1 is loaded before record i is applied, so its memory latency hides behind
-    # the update; the last load reads a ring entry it never uses (in bounds: index mod L).
+    # Record i + 1 is loaded (and normalised ahead) before record i is applied, so its memory
+    # latency (and the norm's reductions) hide behind the update; the last load reads a ring
+    # entry it never uses (in bounds: index mod L).
     def step(i, carry):
       S, rec = carry
       nxt = record(i + 1)
@@ -98,6 +106,21 @@ def fold_tiles(ssm_ref, *rings, first_row, block_v: int, tiles: int, interleave:
   jax.lax.fori_loop(0, tiles, one_tile, 0)
 
 
+def fold_before_read(ssm_ref, *rings, count, rows: int, block_v: int, compiled: bool,
+                     **kw) -> None:
+  """`fold_tiles` of a verify program's ``rows`` checkpoint rows, as ``[block_v, K]`` tiles,
+  when ``count > 0``, before the program reads them: a flush row's checkpoint is read and
+  written once, not read again by a verify after a fold kernel. ``kw``: the rest of
+  `fold_tiles`'s arguments but ``tiles``."""
+
+  @pl.when(count > 0)
+  def _fold():
+    fold_tiles(ssm_ref, *rings, block_v=block_v, tiles=rows // block_v, count=count,
+               compiled=compiled, **kw)
+    if compiled:  # the program's threads read what its other threads stored
+      pltriton.debug_barrier()
+
+
 def _fold_kernel(
     # inputs
     slot_ids_ref,  # [B] int32
@@ -118,6 +141,7 @@ def _fold_kernel(
     v_blocks: int,
     prefetch: bool,
     interleave: bool,
+    normalize_ahead: bool,
     compiled: bool,
 ):
   del ssm_in_ref  # the same buffer as ssm_ref
@@ -129,7 +153,8 @@ def _fold_kernel(
     fold_tiles(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
                first_row=j * v_blocks * block_v, block_v=block_v, tiles=v_blocks,
                interleave=interleave, slot=slot, h=h, kh=h // gqa_ratio, count=count, base=base,
-               ring_len=ring_len, k_chunk=k_chunk, prefetch=prefetch, compiled=compiled)
+               ring_len=ring_len, k_chunk=k_chunk, prefetch=prefetch,
+               normalize_ahead=normalize_ahead, compiled=compiled)
 
 
 def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base):
@@ -149,10 +174,11 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch",
-                                             "interleave"))
+                                             "interleave", "normalize_ahead"))
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
          tuning: KernelTuning, interpret: bool, v_blocks: int | None = None,
-         prefetch: bool | None = None, interleave: bool | None = None):
+         prefetch: bool | None = None, interleave: bool | None = None,
+         normalize_ahead: bool | None = None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
@@ -168,6 +194,8 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     prefetch: load record ``i + 1`` before applying record ``i`` (default `FOLD_PREFETCH`).
     interleave: fold a program's ``v_blocks`` tiles in one record loop (default
       `FOLD_INTERLEAVE`).
+    normalize_ahead: with ``prefetch``, normalise record ``i + 1``'s k before applying record
+      ``i`` (default `FOLD_NORMALIZE_AHEAD`).
     None changes the arithmetic: every launch folds to the same bits.
 
   Returns:
@@ -180,12 +208,14 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   v_blocks = math.gcd(FOLD_V_BLOCKS, tiles) if v_blocks is None else v_blocks
   prefetch = FOLD_PREFETCH if prefetch is None else prefetch
   interleave = FOLD_INTERLEAVE if interleave is None else interleave
+  normalize_ahead = FOLD_NORMALIZE_AHEAD if normalize_ahead is None else normalize_ahead
   if v_blocks < 1 or tiles % v_blocks:
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
   kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, block_v=tuning.block_v,
                              k_chunk=tuning.k_chunk, v_blocks=v_blocks, prefetch=prefetch,
-                             interleave=interleave, compiled=not interpret)
+                             interleave=interleave, normalize_ahead=normalize_ahead,
+                             compiled=not interpret)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
   return pl.pallas_call(
@@ -196,7 +226,8 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
       name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{tuning.k_chunk}"
-           f"_vb{v_blocks}{'_il' if interleave else ''}{'_pf' if prefetch else ''}",
+           f"_vb{v_blocks}{'_il' if interleave else ''}{'_pf' if prefetch else ''}"
+           f"{'_na' if prefetch and normalize_ahead else ''}",
   )(*inputs.values())
 
 

@@ -47,7 +47,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
 from replayssm_jax.config import next_power_of_two
@@ -274,9 +273,12 @@ def _stream_kernel(
   def _stream():
     write_pos, cache_base = write_pos_ref[pos], cache_base_ref[pos]
     if fold is not None:
-      _fold_tile_first(ssm_ref, ring_rawk_ref, ring_rawv_out_ref, ring_g_ref, ring_beta_ref,
-                       fold, slot=slot, h=h, kh=kh, first_row=p.j * block_v, rows=block_v,
-                       count=fold_count_ref[pos], base=fold_base_ref[pos], L=L)
+      fold_kernels.fold_before_read(
+          ssm_ref, ring_rawk_ref, ring_rawv_out_ref, ring_g_ref, ring_beta_ref,
+          count=fold_count_ref[pos], rows=block_v, block_v=fold.block_v,
+          compiled=fold.compiled, first_row=p.j * block_v, interleave=fold.interleave,
+          slot=slot, h=h, kh=kh, base=fold_base_ref[pos], ring_len=L, k_chunk=fold.k_chunk,
+          prefetch=fold.prefetch)
 
     def chunk(c, Y):  # Y += X[:, chunk] S0[:, chunk]^T: a loop Triton software-pipelines
       ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
@@ -298,23 +300,6 @@ def _stream_kernel(
     store_rows(o_ref, (row, p.rows_v[0], h, p.rows_v[1]), O, p.mask_v)
     store_rows(ring_d_out_ref, (slot, h, phys, p.rows_v[1]), D, p.mask_v)
     store_rows(ring_rawv_out_ref, (slot, h, phys, p.rows_v[1]), v_raw, p.mask_v)
-
-
-def _fold_tile_first(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
-                     fold: StreamFold, *, slot, h, kh, first_row, rows: int, count, base, L: int):
-  """Fold ``count`` records into the stream program's checkpoint rows, in place, before the
-  stream reads them: a flush row's checkpoint is read and written once, not read a second
-  time by a stream after a separate fold kernel."""
-
-  @pl.when(count > 0)
-  def _fold():
-    fold_kernels.fold_tiles(
-        ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, first_row=first_row,
-        block_v=fold.block_v, tiles=rows // fold.block_v, interleave=fold.interleave, slot=slot,
-        h=h, kh=kh, count=count, base=base, ring_len=L, k_chunk=fold.k_chunk,
-        prefetch=fold.prefetch, compiled=fold.compiled)
-    if fold.compiled:  # the stream's threads read what other threads of the program stored
-      pltriton.debug_barrier()
 
 
 COEFFICIENTS = ("pallas", "xla")
@@ -467,8 +452,10 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
 
 
 def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
-  """Rows of the tiles the stream kernel folds in: as many per warp as the recurrent kernels'
-  (``fold_tuning``) tiles have, so a chunk is laid out alike (0 if no whole number of them)."""
+  """Rows of the tiles a verify program launched with ``tuning`` (the stream's, or the one-kernel
+  forms', `replay_verify.fold_and_replay_verify`) folds in: as many per warp as the recurrent
+  kernels' (``fold_tuning``) tiles have, so a chunk is laid out alike (0 if no whole number of
+  them)."""
   rows_per_warp, rest = divmod(fold_tuning.block_v, fold_tuning.num_warps)
   return 0 if rest else rows_per_warp * tuning.num_warps
 

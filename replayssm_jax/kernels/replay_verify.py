@@ -52,6 +52,7 @@ holds the window as ``[T, K]`` tiles and uses tensor-core dots (T >= 2); ``"vec"
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +60,7 @@ from jax.experimental import pallas as pl
 
 from replayssm_jax import reference
 from replayssm_jax.config import DOT_PRECISIONS, next_power_of_two
+from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels import replay_split, tile
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, replay_form
 from replayssm_jax.kernels.recurrent import token_inputs
@@ -248,6 +250,44 @@ def _replay_verify_vec_kernel(
         ring_rawk_out_ref[slot, kh, p, :] = k_ref[row, s, kh, :]
 
 
+class KernelFold(NamedTuple):
+  """How a one-kernel verify program folds its checkpoint rows before reading them: as
+  ``[block_v, K]`` tiles held as K-chunks of ``k_chunk`` (the recurrent kernels' tuning, for
+  the bitwise tie), ``prefetch``, ``interleave`` and ``normalize_ahead`` as `fold.fold`'s."""
+
+  block_v: int
+  k_chunk: int
+  prefetch: bool
+  interleave: bool
+  normalize_ahead: bool
+
+
+_INPUTS, _SSM = 17, 10  # the verify kernels' inputs (slot_ids to ring_rawv); ssm's place
+
+
+def _fold_first_kernel(*refs, verify_kernel, fold: KernelFold, compiled: bool, **kw):
+  """``verify_kernel`` (the UT or the vector form) on checkpoint tiles it first folds in place.
+
+  ``refs``: the verify kernel's inputs, then fold_count and fold_base ``[B]`` int32, its
+  outputs, then the checkpoint (aliased with the input ``ssm``). A row with ``fold_count > 0``
+  replays that many records from ring index ``fold_base`` into the program's ``[BV, K]`` rows
+  (`fold.fold_before_read`) before the verify reads them: one launch and one read of the
+  checkpoint, in place of a fold kernel and then the verify.
+  """
+  ins, (fold_count_ref, fold_base_ref) = refs[:_INPUTS], refs[_INPUTS:_INPUTS + 2]
+  outs, ssm_ref = refs[_INPUTS + 2:-1], refs[-1]
+  slot_ids_ref, *_, ring_g_ref, ring_beta_ref, ring_rawk_ref, ring_rawv_ref = ins
+  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  slot, block_v = slot_ids_ref[row], kw["block_v"]
+  fold_kernels.fold_before_read(
+      ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
+      count=jnp.where(slot >= 0, fold_count_ref[row], 0), rows=block_v, block_v=fold.block_v,
+      compiled=compiled, first_row=j * block_v, interleave=fold.interleave, slot=slot, h=h,
+      kh=h // kw["gqa_ratio"], base=fold_base_ref[row], ring_len=kw["L"], k_chunk=fold.k_chunk,
+      prefetch=fold.prefetch, normalize_ahead=fold.normalize_ahead)
+  verify_kernel(*ins[:_SSM], ssm_ref, *ins[_SSM + 1:], *outs, **kw)
+
+
 def _check_inputs(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                   q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base):
   B, T, H, K = q.shape
@@ -280,14 +320,23 @@ def _check_inputs(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                      f"try L={next_power_of_two(2 * T)}.")
 
 
-@functools.partial(jax.jit, static_argnames=("tuning", "dot_precision", "interpret", "form"))
+@functools.partial(jax.jit, static_argnames=("tuning", "dot_precision", "interpret", "form",
+                                             "fold"))
 def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
-                        q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
-                        tuning: KernelTuning, dot_precision: str, interpret: bool, form: str):
+                        q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
+                        fold_rows=None, *, tuning: KernelTuning, dot_precision: str,
+                        interpret: bool, form: str, fold: KernelFold | None = None):
+  """The one-kernel forms; with ``fold`` (and ``fold_rows = (fold_count, fold_base)``) their
+  programs fold first (`_fold_first_kernel`) and the checkpoint is returned after the
+  outputs, updated in place."""
   B, T, H, K = q.shape
   HV, V = v.shape[2], v.shape[3]
+  verify_kernel = _replay_verify_vec_kernel if form == "vec" else _replay_verify_kernel
+  if fold is not None:
+    verify_kernel = functools.partial(_fold_first_kernel, verify_kernel=verify_kernel, fold=fold,
+                                      compiled=not interpret)
   kernel = functools.partial(
-      _replay_verify_vec_kernel if form == "vec" else _replay_verify_kernel, T=T,
+      verify_kernel, T=T,
       k_chunk=tuning.k_chunk, L=ring_g.shape[-1], gqa_ratio=HV // H, block_v=tuning.block_v,
       scale=K ** -0.5, precision_k=mma_algorithm(dot_precision, K, interpret=interpret),
       precision_l=mma_algorithm(dot_precision, ring_g.shape[-1], interpret=interpret),
@@ -295,16 +344,21 @@ def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   inputs = dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, v=v,
                 a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm, ring_d=ring_d, ring_k=ring_k,
                 ring_g=ring_g, ring_beta=ring_beta, ring_rawk=ring_rawk, ring_rawv=ring_rawv)
-  out_shape = (jax.ShapeDtypeStruct(v.shape, v.dtype),
-               *(jax.ShapeDtypeStruct(inputs[n].shape, inputs[n].dtype) for n in RING_NAMES))
+  outputs = ("o", *RING_NAMES)
+  if fold is not None:
+    inputs.update(fold_count=fold_rows[0], fold_base=fold_rows[1])
+    outputs += ("ssm",)
+  out_shape = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype)
+                    for x in (v, *(inputs[n] for n in outputs[1:])))
   return pl.pallas_call(
       kernel,
       out_shape=out_shape,
       grid=(B, HV, V // tuning.block_v),
-      input_output_aliases={list(inputs).index(n): 1 + i for i, n in enumerate(RING_NAMES)},
+      input_output_aliases={list(inputs).index(n): i for i, n in enumerate(outputs) if i},
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
-      name=f"replay_verify_{form}_T{T}_bv{tuning.block_v}_w{tuning.num_warps}",
+      name=f"{'fold_' * (fold is not None)}replay_verify_{form}_T{T}_bv{tuning.block_v}"
+           f"_w{tuning.num_warps}",
   )(*inputs.values())
 
 
@@ -359,12 +413,14 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
                            form: str | None = None, fold_launch: str | None = None,
                            fold_first: bool | None = None, launch_order: str | None = None):
   """`fold.fold` of ``fold_count[b]`` records (ring index ``fold_base[b]`` on), then
-  `replay_verify`, in the split form's two launches: the stream kernel folds a row's
-  checkpoint tile in place before it reads it (`replay_split.fold_replay_verify_split`).
+  `replay_verify`, with the fold inside the verify: each program folds the checkpoint rows it
+  reads in place first, in the split form's stream kernel
+  (`replay_split.fold_replay_verify_split`) or in the one kernel of the UT and vector forms.
 
   Args: as `replay_verify`, with ``write_pos`` and ``cache_base`` the cursors after the fold,
-  and ``fold_tuning`` the recurrent kernels' tuning (the fold's bitwise tie); ``ssm`` is
-  updated in place. Only the split forms fold (``form`` None picks `backend.replay_form`).
+  and ``fold_tuning`` the recurrent kernels' tuning (the fold's bitwise tie: a program folds
+  in tiles of as many rows per warp as theirs, `replay_split.stream_fold_block_v`); ``ssm`` is
+  updated in place. ``form`` None picks `backend.replay_form`. For the split forms,
   ``fold_launch``: the folding rows' stream programs in the launch of the others or in their
   own (`replay_split.FOLD_LAUNCHES`; None: `replay_split.FOLD_LAUNCH`); ``fold_first``: those
   programs launched first (None: `replay_split.STREAM_FOLD_FIRST`), in an order computed as
@@ -376,13 +432,26 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
   args = (ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
           q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
   form = _checked_form(args, tuning, dot_precision, form)
-  if not form.startswith("split"):
-    raise ValueError(f"form={form!r} has no fold; fold_and_replay_verify needs a split form.")
   for name, x in (("fold_count", fold_count), ("fold_base", fold_base)):
     if x.shape != slot_ids.shape or x.dtype != jnp.int32:
       raise ValueError(f"{name} is {jnp.dtype(x.dtype).name}{list(x.shape)}; expected "
                        f"int32{list(slot_ids.shape)}.")
   fold_tuning.check(v.shape[-1], q.shape[-1])
+  if not form.startswith("split"):
+    fold_block_v = replay_split.stream_fold_block_v(tuning, fold_tuning)
+    if not fold_block_v or tuning.block_v % fold_block_v:
+      raise ValueError(
+          f"the {form} form's programs ({tuning.block_v} rows, {tuning.num_warps} warps) cannot "
+          f"fold in tiles of {fold_tuning.block_v // fold_tuning.num_warps} rows a warp, as the "
+          f"recurrent kernels' ({fold_tuning.block_v} rows, {fold_tuning.num_warps} warps).")
+    fold = KernelFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
+                      prefetch=fold_kernels.FOLD_PREFETCH,
+                      interleave=fold_kernels.FOLD_INTERLEAVE,
+                      normalize_ahead=fold_kernels.FOLD_NORMALIZE_AHEAD)
+    o, *rings, ssm = _replay_verify_call(*args, (fold_count, fold_base), tuning=tuning,
+                                         dot_precision=dot_precision, interpret=interpret,
+                                         form=form, fold=fold)
+    return o, ssm, *rings
   return replay_split.fold_replay_verify_split(
       *args, fold_count, fold_base, tuning=tuning, fold_tuning=fold_tuning,
       dot_precision=dot_precision, interpret=interpret,
