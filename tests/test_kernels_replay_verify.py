@@ -332,25 +332,31 @@ LAUNCHES = [("shared", False, "xla"), ("own", False, "xla"), ("shared", True, "x
 def test_fold_inside_the_stream(c: Case, launch, first, order, interpret):
   """`fold_and_replay_verify` (the fold in the split form's stream kernel, in the launch of
   the other rows or in its own, the folding rows' programs first or not, their order by XLA
-  ops or a kernel) against the fold kernel and then the split verify: the same checkpoint,
-  outputs and rings, to the bit."""
-  inp = make_inputs(c)
+  ops or a kernel) against the fold kernel and then the split verify (`check_fold_inside`)."""
+  check_fold_inside(c, make_inputs(c), tuning=KernelTuning(block_v=c.block_v),
+                    fold_tuning=KernelTuning(block_v=max(c.block_v // 2, 1), num_warps=2,
+                                             k_chunk=16),
+                    form="split", interpret=interpret, fold_launch=launch, fold_first=first,
+                    launch_order=order)
+
+
+def check_fold_inside(c: Case, inp, *, tuning, fold_tuning, form, interpret, **launch):
+  """`fold_and_replay_verify` of ``form`` with the rows of `_flush_some_rows` folding, against
+  the fold kernel and then `replay_verify` of the same form: the same checkpoint, outputs and
+  rings, to the bit; the padding row gets zeros and folds nothing."""
   (count, fold_base), cursors = _flush_some_rows(inp, c)
   inp = {**inp, **cursors}
   valid = np.asarray(inp["slot_ids"]) >= 0
-  fold_tuning = KernelTuning(block_v=max(c.block_v // 2, 1), num_warps=2, k_chunk=16)
-  tuning = KernelTuning(block_v=c.block_v)
   folded = fold.fold(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
                      inp["ring_beta"], inp["slot_ids"], count, fold_base, tuning=fold_tuning,
                      interpret=interpret)
   assert not np.array_equal(bits(folded), bits(inp["ssm"]))  # some rows did fold
   apart = replay_verify(**{**inp, "ssm": folded}, tuning=tuning, dot_precision=c.precision,
-                        interpret=interpret, form="split")
+                        interpret=interpret, form=form)
   o, ssm, *rings = fold_and_replay_verify(**inp, fold_count=count, fold_base=fold_base,
                                           tuning=tuning, fold_tuning=fold_tuning,
                                           dot_precision=c.precision, interpret=interpret,
-                                          form="split", fold_launch=launch, fold_first=first,
-                                          launch_order=order)
+                                          form=form, **launch)
   np.testing.assert_array_equal(bits(ssm), bits(folded))
   np.testing.assert_array_equal(bits(o[valid]), bits(apart[0][valid]))
   np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
@@ -386,29 +392,11 @@ def test_fold_inside_the_stream_in_several_tiles(c: Case, interleave, interpret)
 def test_fold_inside_one_kernel(c: Case, form, tiles, interpret):
   """`fold_and_replay_verify` in the one-kernel forms (each program folds its checkpoint rows,
   as one tile or two in one record loop, then verifies) against the fold kernel and then the
-  same form: the same checkpoint, outputs and rings, to the bit; the padding row folds nothing."""
-  inp = make_inputs(c, seed=3)
-  (count, fold_base), cursors = _flush_some_rows(inp, c)
-  inp = {**inp, **cursors}
-  valid = np.asarray(inp["slot_ids"]) >= 0
+  same form (`check_fold_inside`)."""
   # As many rows a warp as the fold kernel's programs: one layout, the same bits on a GPU.
-  fold_tuning = KernelTuning(block_v=c.block_v // tiles, num_warps=2, k_chunk=16)
-  tuning = KernelTuning(block_v=c.block_v, num_warps=2)
-  folded = fold.fold(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
-                     inp["ring_beta"], inp["slot_ids"], count, fold_base, tuning=fold_tuning,
-                     interpret=interpret)
-  assert not np.array_equal(bits(folded), bits(inp["ssm"]))  # some rows did fold
-  apart = replay_verify(**{**inp, "ssm": folded}, tuning=tuning, dot_precision=c.precision,
-                        interpret=interpret, form=form)
-  o, ssm, *rings = fold_and_replay_verify(**inp, fold_count=count, fold_base=fold_base,
-                                          tuning=tuning, fold_tuning=fold_tuning,
-                                          dot_precision=c.precision, interpret=interpret,
-                                          form=form)
-  np.testing.assert_array_equal(bits(ssm), bits(folded))
-  np.testing.assert_array_equal(bits(o[valid]), bits(apart[0][valid]))
-  np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
-  for name, x, y in zip(RING_NAMES, rings, apart[1:]):
-    np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+  check_fold_inside(c, make_inputs(c, seed=3), tuning=KernelTuning(block_v=c.block_v, num_warps=2),
+                    fold_tuning=KernelTuning(block_v=c.block_v // tiles, num_warps=2, k_chunk=16),
+                    form=form, interpret=interpret)
 
 
 def test_fused_cases_permute_the_rows():
