@@ -183,7 +183,8 @@ class SpecConfig:
       out of phase 39.0 -> 24.0 us a step at B=16, 79.0 -> 67.5 at B=64, 222.7 -> 217.9 at
       B=256; verify traffic within 2% either way (B=256 330.6 -> 336.5). Measured before
       the fold-first launch (runs 12, 13), which alone takes decode out of phase to 59.9 us
-      at B=64 and 204.8 at B=256; the vector decode form below B=64 has no such launch. Worth
+      at B=64 and 204.8 at B=256, and the fold inside the vector decode form below B=64
+      (run 16), which takes B=16 to 24.4 us, and to 19.2 with ``fold_together=8``. Worth
       setting (to about ``ring_len // 2``) where decode steps dominate at small B.
   """
 
