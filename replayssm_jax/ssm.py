@@ -288,10 +288,9 @@ def _fuses_fold(spec: SpecConfig, q, tuning: KernelTuning, replay_tuning: Kernel
   """Whether the replay verify folds the flush rows itself: the Pallas split form's stream
   (`FUSE_FOLD`) or the one-kernel forms (`FUSE_FOLD_ONE_KERNEL`), when their programs hold
   whole fold tiles."""
-  fold_block_v = replay_split.stream_fold_block_v(replay_tuning, tuning)
   split = replay_form(q.shape[1], q.shape[0]).startswith("split")
   return ((FUSE_FOLD if split else FUSE_FOLD_ONE_KERNEL) and spec.backend == "pallas"
-          and fold_block_v > 0 and replay_tuning.block_v % fold_block_v == 0)
+          and replay_split.stream_fold_block_v(replay_tuning, tuning) > 0)
 
 
 def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,

@@ -50,7 +50,8 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
 
   The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
   shared by `fold` and the replay verify kernels that fold first (the split form's stream,
-  `replay_split`, and the one-kernel forms, `replay_verify`), so all fold to the same bits; ``rows`` may also be a tuple of tiles, folded in one record loop, each as alone.
+  `replay_split`, and the one-kernel forms, `replay_verify`), so all fold to the same bits;
+  ``rows`` may also be a tuple of tiles, folded in one record loop, each as alone.
   Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is normalised as the
   recurrent kernels normalise it, where it is used or, with ``prefetch`` and
   ``normalize_ahead``, when it is loaded.

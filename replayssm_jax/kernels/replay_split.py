@@ -454,10 +454,11 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
 def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
   """Rows of the tiles a verify program launched with ``tuning`` (the stream's, or the one-kernel
   forms', `replay_verify.fold_and_replay_verify`) folds in: as many per warp as the recurrent
-  kernels' (``fold_tuning``) tiles have, so a chunk is laid out alike (0 if no whole number of
-  them)."""
+  kernels' (``fold_tuning``) tiles have, so a chunk is laid out alike; 0 if that is no whole
+  number of rows, or no whole number of such tiles makes the program's ``tuning.block_v``."""
   rows_per_warp, rest = divmod(fold_tuning.block_v, fold_tuning.num_warps)
-  return 0 if rest else rows_per_warp * tuning.num_warps
+  rows = rows_per_warp * tuning.num_warps
+  return 0 if rest or not rows or tuning.block_v % rows else rows
 
 
 def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,

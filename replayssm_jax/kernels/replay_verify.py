@@ -439,7 +439,7 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
   fold_tuning.check(v.shape[-1], q.shape[-1])
   if not form.startswith("split"):
     fold_block_v = replay_split.stream_fold_block_v(tuning, fold_tuning)
-    if not fold_block_v or tuning.block_v % fold_block_v:
+    if not fold_block_v:
       raise ValueError(
           f"the {form} form's programs ({tuning.block_v} rows, {tuning.num_warps} warps) cannot "
           f"fold in tiles of {fold_tuning.block_v // fold_tuning.num_warps} rows a warp, as the "
