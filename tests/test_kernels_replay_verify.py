@@ -19,7 +19,7 @@ import pytest
 
 from conftest import HAS_GPU, TOLERANCE, rel_err
 from replayssm_jax import reference
-from replayssm_jax.kernels import fold, launch_order, replay_parts, replay_split
+from replayssm_jax.kernels import backend, fold, launch_order, recurrent, replay_parts, replay_split
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.recurrent import token_inputs
 from replayssm_jax.kernels.replay_verify import (FORMS, RING_NAMES, fold_and_replay_verify,
@@ -528,3 +528,59 @@ def test_inline_products_match_dots(m, k, n):
   assert replay_parts.inlines(m, k, n, m * k * n)
   assert replay_parts.inlines(m, k, n, 0) == (m == 1 or n == 1)  # a single row or column
   assert replay_parts.inlines(m, k, n, m * k * n - 1) == (m == 1 or n == 1)
+
+
+def _under_grid(grid: str, run):
+  """``run()`` with every kernel traced in the ``grid`` launch order (`backend.TILE_GRID`)."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(backend, "TILE_GRID", grid)
+    jax.clear_caches()  # the order is read when a kernel is traced
+    out = jax.block_until_ready(run())
+  jax.clear_caches()
+  return out
+
+
+def test_grid_orders_keep_the_bits(interpret):
+  """Launching a row's programs together (``"tiles"``) or one head of every row after the other
+  (``"rows"``) changes no bit of any kernel that takes the order: recurrent verify and decode,
+  the fold, the split form's coefficients and stream (with and without the fold inside), and
+  the one-kernel forms."""
+  c = FUSED_CASES[0]
+  inp = make_inputs(c, seed=4)
+  (count, fold_base), cursors = _flush_some_rows(inp, c)
+  folding = {**inp, **cursors}
+  state = KernelTuning(block_v=c.block_v // 2, num_warps=2, k_chunk=16)
+  split = KernelTuning(block_v=c.block_v // 2, num_warps=2)  # four V-blocks a head (V=32)
+  rec = (inp["ssm"], *(inp[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias")),
+         inp["slot_ids"])
+  inter = jnp.zeros((inp["ssm"].shape[0], c.T, *inp["ssm"].shape[1:]), jnp.float32)
+  runs = {
+      "recurrent verify": lambda: recurrent.recurrent_verify(
+          rec[0], inter, *rec[1:], tuning=state, interpret=interpret),
+      "recurrent decode": lambda: recurrent.recurrent_decode(
+          rec[0], *(x[:, :1] for x in rec[1:6]), *rec[6:], tuning=state, interpret=interpret),
+      "fold": lambda: fold.fold(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
+                                inp["ring_beta"], inp["slot_ids"], count, fold_base,
+                                tuning=state, interpret=interpret),
+      **{f"{form} verify": functools.partial(
+          replay_verify, **inp, tuning=split if form == "split" else KernelTuning(block_v=16),
+          dot_precision=c.precision, interpret=interpret, form=form) for form in FORMS},
+      "split verify, fold inside": lambda: fold_and_replay_verify(
+          **folding, fold_count=count, fold_base=fold_base, tuning=split, fold_tuning=state,
+          dot_precision=c.precision, interpret=interpret, form="split", fold_first=False),
+  }
+  for name, run in runs.items():
+    rows, tiles = (_under_grid(grid, run) for grid in ("rows", "tiles"))
+    for x, y in zip(jax.tree.leaves(rows), jax.tree.leaves(tiles)):
+      np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+
+
+def test_grid_order_names_the_programs():
+  """`row_grid` and `row_ids` agree: the row is the first grid axis in ``"rows"`` order and the
+  last in ``"tiles"`` order, the other axes reversed with it."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(backend, "TILE_GRID", "rows")
+    assert backend.row_grid(5, 3, 2) == (5, 3, 2)
+    patch.setattr(backend, "TILE_GRID", "tiles")
+    assert backend.row_grid(5, 3, 2) == (2, 3, 5)
+    assert backend.row_grid(5, 3) == (3, 5)

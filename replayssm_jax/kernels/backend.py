@@ -7,8 +7,9 @@
   `pltriton.CompilerParams`) and run with ``interpret=True`` on the CPU;
 - ``"triton"``: native Triton kernels launched through jax-triton (`kernels.triton`; GPU
   only; Triton's interpreter and an sm_90 compile check them on the CPU). Tested on an H200:
-  the recurrent kernels are the fastest we have, the replay verify slower than Pallas'
-  (BENCHMARKS.md, run 5), so ``"pallas"`` stays the default.
+  its recurrent verify as fast as the Pallas one (730 against 723 us at B=256 since run 17),
+  its decode faster (266 against 287 us), its replay verify slower (BENCHMARKS.md), so
+  ``"pallas"`` stays the default.
 """
 
 from __future__ import annotations
@@ -16,11 +17,31 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-
-
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
+# The grid order of the kernels with a program per row and (key or value) head, and V-block:
+# "rows", (B, H, ...), launches one head (and block) of every row before the next (Triton's
+# first grid axis is the fastest in launch order); "tiles", (..., H, B), a row's programs one
+# after the other, walking its state in memory order, as the triton backend's kernels do. H200,
+# B=256 (benchmarks/NOTES.md run 17): recurrent verify 790 -> 724 us, decode 312 -> 288, the
+# exact fold 502 -> 468 (B=512 928 -> 903), the plain replay verify 193 -> 192; same bits.
+TILE_GRIDS = ("rows", "tiles")
+TILE_GRID = "tiles"
+
+
+def row_grid(B: int, *axes: int) -> tuple[int, ...]:
+  """The launch grid of B rows x ``axes`` (head, V-block) in the `TILE_GRID` order."""
+  return (B, *axes) if TILE_GRID == "rows" else (*axes[::-1], B)
+
+
+def row_ids(ndim: int = 3) -> tuple:
+  """``(row, *axes)`` program ids of the running program of a `row_grid` launch."""
+  ids = tuple(pl.program_id(i) for i in range(ndim))
+  return ids if TILE_GRID == "rows" else ids[::-1]
 
 
 def interpret_mode() -> bool:
@@ -72,7 +93,8 @@ class KernelTuning:
 
     H200, 2026-11-30, B=256, HV=32, K=V=128 (benchmarks/NOTES.md run 4): (32, 2 warps, K-chunks
     of 32) ran the recurrent verify in 789 us, decode in 301 us and the 12-record fold in 595 us;
-    (32, 4) with whole K rows, the old default, 775 / 307 / 828 us.
+    (32, 4) with whole K rows, the old default, 775 / 307 / 828 us. Run 17, with the grid in
+    memory order (`TILE_GRID`): 723 / 287 us, the fold (two tiles a program) 468 us.
     """
     return cls(block_v=min(32, V), num_warps=2, k_chunk=32)
 

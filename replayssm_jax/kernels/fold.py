@@ -24,7 +24,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
 from replayssm_jax.kernels import tile
-from replayssm_jax.kernels.backend import KernelTuning
+from replayssm_jax.kernels.backend import KernelTuning, row_grid, row_ids
 from replayssm_jax.kernels.recurrent import scatter_rows
 
 # The fold's own launch, beyond the shared tuning (none changes its bits): two tiles per program
@@ -34,7 +34,9 @@ from replayssm_jax.kernels.recurrent import scatter_rows
 # (`FOLD_PREFETCH`). H200, 12 records (benchmarks/NOTES.md run 15), against one tile per
 # program with prefetch: B=1 14.3 -> 11.6 us, B=16 44.9 -> 38.8, B=64 152.1 -> 135.6, B=256
 # 556.4 -> 505.6, B=512 1110 -> 944; the best launch or within 2% of it at every B. Four
-# interleaved tiles spill (B=256: 1192 us); the two tiles one after the other lose at B=1.
+# interleaved tiles spill (B=256: 1192 us); the two tiles one after the other lose at B=1. With
+# the grid in memory order (`backend.TILE_GRID`, run 17) still the best launch: B=256 468 us,
+# B=512 902.
 FOLD_V_BLOCKS = 2
 FOLD_PREFETCH = True
 FOLD_INTERLEAVE = True
@@ -146,7 +148,7 @@ def _fold_kernel(
     compiled: bool,
 ):
   del ssm_in_ref  # the same buffer as ssm_ref
-  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  row, h, j = row_ids()
   slot, count, base = slot_ids_ref[row], count_ref[row], cache_base_ref[row]
 
   @pl.when((slot >= 0) & (count > 0))
@@ -222,7 +224,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct(ssm.shape, ssm.dtype),
-      grid=(B, HV, V // (tuning.block_v * v_blocks)),
+      grid=row_grid(B, HV, V // (tuning.block_v * v_blocks)),
       input_output_aliases={list(inputs).index("ssm"): 0},
       interpret=interpret,
       compiler_params=tuning.compiler_params(),

@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 
 from replayssm_jax import reference
 from replayssm_jax.kernels import tile
-from replayssm_jax.kernels.backend import KernelTuning
+from replayssm_jax.kernels.backend import KernelTuning, row_grid, row_ids
 
 
 def token_inputs(q, k, v, a, b, A_log, dt_bias, scale):
@@ -60,7 +60,7 @@ def _recurrent_kernel(
     _, o_ref, states_ref = refs  # states_ref: [slots, T, HV, V, K] f32 (aliased)
   else:
     o_ref, states_ref = refs  # states_ref: [slots, HV, V, K] f32, the ssm itself
-  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  row, h, j = row_ids()
   slot = slot_ids_ref[row]
   kh = h // gqa_ratio
   vs = pl.ds(j * block_v, block_v)
@@ -126,7 +126,7 @@ def _recurrent_call(slot_ids, q, k, v, a, b, A_log, dt_bias, ssm, intermediate, 
   o, states = pl.pallas_call(
       kernel,
       out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(states.shape, states.dtype)),
-      grid=(B, HV, V // tuning.block_v),
+      grid=row_grid(B, HV, V // tuning.block_v),
       input_output_aliases={list(inputs).index(states_name): 1},
       interpret=interpret,
       compiler_params=tuning.compiler_params(),

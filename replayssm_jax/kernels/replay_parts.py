@@ -21,6 +21,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
 from replayssm_jax.config import next_power_of_two
+from replayssm_jax.kernels.backend import row_ids
 
 
 def history_mask(write_pos, cache_base, L: int):
@@ -117,7 +118,7 @@ def tile_program(slot_ids_ref, o_ref, *, T: int, gqa_ratio: int, block_v: int,
   finds its slot in one load, not two in a chain): Triton's first grid axis is the fastest in
   launch order, so a row's programs start together, rows in that order."""
   if row_order_ref is None:
-    row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    row, h, j = row_ids()
     pos = row
   else:
     h, j, pos = pl.program_id(0), pl.program_id(1), pl.program_id(2)

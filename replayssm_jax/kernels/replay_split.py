@@ -51,7 +51,7 @@ from jax.experimental import pallas as pl
 from replayssm_jax import reference
 from replayssm_jax.config import next_power_of_two
 from replayssm_jax.kernels import fold as fold_kernels
-from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm
+from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, row_grid, row_ids
 from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_order_pallas
 from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, history_mask,
                                                 history_weights, load_gates, load_keys, masked,
@@ -95,7 +95,8 @@ def _coefficients_kernel(
   """One program per (row, ``key_heads`` key heads): per key head the key-side products once,
   then each of its value heads."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
-  row, first_kh = pl.program_id(0), pl.program_id(1) * key_heads
+  row, kh_block = row_ids(2)
+  first_kh = kh_block * key_heads
   slot = slot_ids_ref[row]
   T_pad = next_power_of_two(T)
 
@@ -319,11 +320,12 @@ COEFFICIENTS = ("pallas", "xla")
 FOLD_LAUNCHES = ("shared", "own")
 FOLD_LAUNCH = "shared"
 # Whether a stream launch with the fold starts the folding rows' programs first: its grid runs
-# the rows in the order of `launch_order`, each row's programs together. The default grid
-# launches all rows of one head before the next head, so the folding programs of the last heads
-# start last and the step waits for them. H200, B=256 (benchmarks/NOTES.md runs 12 and 13):
-# decode with the rows out of phase 219.1 -> 208.2 us (205.1 with the order's kernel), in phase
-# about even; the stream itself is faster in every case.
+# the rows in the order of `launch_order`, each row's programs together. Without it the grid is
+# `backend.row_grid`'s: in "rows" order all rows of one head before the next head, so the
+# folding programs of the last heads start last and the step waits for them; in "tiles" order
+# the rows one after the other in index order. H200, B=256, against "rows" (benchmarks/NOTES.md
+# runs 12 and 13): decode with the rows out of phase 219.1 -> 208.2 us (205.1 with the order's
+# kernel), in phase about even; the stream itself is faster in every case.
 STREAM_FOLD_FIRST = True
 # How that order, and the row arrays in it, are computed: "pallas", one small kernel
 # (`launch_order.fold_first_order_pallas`), or "xla", XLA ops (`launch_order.fold_first_order`).
@@ -468,41 +470,22 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   """The coefficients, then the stream launch(es); ``fold_rows = (fold_count, fold_base)``
   with ``fold``, else None. Returns ``(o, ssm, rings)``."""
   ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv = rings
-  q, k, v, a, b, A_log, dt_bias = window
-  slot_ids, write_pos, cache_base = cursors
+  v = window[2]
+  slot_ids = cursors[0]
   _choice("coefficients", coefficients, COEFFICIENTS)
-  B, T, H, K = q.shape
+  T, H = window[0].shape[1:3]
   if coefficient_key_heads < 1 or H % coefficient_key_heads:
     raise ValueError(f"coefficient_key_heads={coefficient_key_heads} must divide the {H} key heads.")
   HV, L = v.shape[2], ring_g.shape[-1]
-  T_pad, f32 = next_power_of_two(T), jnp.float32
   mma = functools.partial(mma_algorithm, interpret=interpret)
   common = dict(T=T, L=L, gqa_ratio=HV // H, precision_t=mma("ieee", T))
 
-  key_rings = (ring_k, ring_g, ring_beta, ring_rawk)
-  if coefficients == "xla":
-    scratch, (ring_k, ring_g, ring_beta, ring_rawk) = _coefficients_xla(
-        q, k, a, b, A_log, dt_bias, *key_rings, slot_ids, write_pos, cache_base)
-  else:
-    scratch = (jax.ShapeDtypeStruct((B, H, 2 * T_pad, K), f32),
-               jax.ShapeDtypeStruct((B, HV, 2 * T_pad, L), f32),
-               jax.ShapeDtypeStruct((B, HV, 3, T_pad, T_pad), f32),
-               jax.ShapeDtypeStruct((B, HV, T_pad), f32))
-    inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
-    *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
-        functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=coefficient_key_heads,
-                          stacked=coefficient_stacked, inline=coefficient_inline,
-                          key_mma=T > 1 if coefficient_key_mma is None else coefficient_key_mma,
-                          precision_k=mma(dot_precision, K),
-                          **common),
-        out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
-        grid=(B, H // coefficient_key_heads),
-        input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
-        interpret=interpret,
-        compiler_params=KernelTuning(num_warps=coefficient_warps,
-                                     num_stages=1).compiler_params(),
-        name=f"replay_coefficients_T{T}",
-    )(*inputs)
+  scratch, (ring_k, ring_g, ring_beta, ring_rawk) = _coefficients(
+      window, (ring_k, ring_g, ring_beta, ring_rawk), cursors, coefficients=coefficients,
+      dot_precision=dot_precision, interpret=interpret, common=common,
+      coefficient_warps=coefficient_warps, coefficient_key_heads=coefficient_key_heads,
+      coefficient_stacked=coefficient_stacked, coefficient_inline=coefficient_inline,
+      coefficient_key_mma=coefficient_key_mma)
 
   stream = functools.partial(_stream, v, scratch, tuning=tuning, interpret=interpret,
                              dot_precision=dot_precision, common=common)
@@ -533,6 +516,42 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   return o, ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)
 
 
+def _coefficients(window, key_rings, cursors, *, coefficients: str, dot_precision: str,
+                  interpret: bool, common: dict, coefficient_warps: int,
+                  coefficient_key_heads: int, coefficient_stacked: bool,
+                  coefficient_inline: int | None, coefficient_key_mma: bool | None):
+  """One launch of `_coefficients_kernel` (or `_coefficients_xla`): ``(scratch, key_rings)``,
+  the stream's ``(x, zh, zt, eq)`` and ``(ring_k, ring_g, ring_beta, ring_rawk)`` with the
+  window's records written in place."""
+  q, k, _, a, b, A_log, dt_bias = window
+  slot_ids, write_pos, cache_base = cursors
+  B, T, H, K = q.shape
+  HV, L = a.shape[2], common["L"]
+  T_pad, f32 = next_power_of_two(T), jnp.float32
+  if coefficients == "xla":
+    return _coefficients_xla(q, k, a, b, A_log, dt_bias, *key_rings, slot_ids, write_pos,
+                             cache_base)
+  mma = functools.partial(mma_algorithm, interpret=interpret)
+  scratch = (jax.ShapeDtypeStruct((B, H, 2 * T_pad, K), f32),
+             jax.ShapeDtypeStruct((B, HV, 2 * T_pad, L), f32),
+             jax.ShapeDtypeStruct((B, HV, 3, T_pad, T_pad), f32),
+             jax.ShapeDtypeStruct((B, HV, T_pad), f32))
+  inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
+  *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
+      functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=coefficient_key_heads,
+                        stacked=coefficient_stacked, inline=coefficient_inline,
+                        key_mma=T > 1 if coefficient_key_mma is None else coefficient_key_mma,
+                        precision_k=mma(dot_precision, K), **common),
+      out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
+      grid=row_grid(B, H // coefficient_key_heads),
+      input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
+      interpret=interpret,
+      compiler_params=KernelTuning(num_warps=coefficient_warps, num_stages=1).compiler_params(),
+      name=f"replay_coefficients_T{T}",
+  )(*inputs)
+  return tuple(scratch), (ring_k, ring_g, ring_beta, ring_rawk)
+
+
 def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning,
             interpret: bool, dot_precision: str, common: dict, fold: StreamFold | None = None,
             rows: str | None = None, fold_rows=(), fold_inputs=(), o=None):
@@ -561,7 +580,8 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
                         precision_l=mma(dot_precision, common["L"]),
                         fold=fold, rows=rows, **common),
       out_shape=tuple(out_shape),
-      grid=(HV, V // tuning.block_v, B) if fold and fold.first else (B, HV, V // tuning.block_v),
+      grid=((HV, V // tuning.block_v, B) if fold and fold.first
+            else row_grid(B, HV, V // tuning.block_v)),
       input_output_aliases=aliases,
       interpret=interpret,
       compiler_params=tuning.compiler_params(),

@@ -62,7 +62,8 @@ from replayssm_jax import reference
 from replayssm_jax.config import DOT_PRECISIONS, next_power_of_two
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels import replay_split, tile
-from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, replay_form
+from replayssm_jax.kernels.backend import (KernelTuning, mma_algorithm, replay_form, row_grid,
+                                          row_ids)
 from replayssm_jax.kernels.recurrent import token_inputs
 from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_weights, load_gates,
                                                 load_keys, masked, scatter_records, store_rows,
@@ -188,7 +189,7 @@ def _replay_verify_vec_kernel(
   which is the UT transform's D row by row. Records are stored one token at a time.
   """
   del ring_beta_ref, ring_rawk_ref, ring_rawv_ref  # written only, through the aliased outputs
-  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  row, h, j = row_ids()
   slot = slot_ids_ref[row]
   kh = h // gqa_ratio
   vs = pl.ds(j * block_v, block_v)
@@ -277,7 +278,7 @@ def _fold_first_kernel(*refs, verify_kernel, fold: KernelFold, compiled: bool, *
   ins, (fold_count_ref, fold_base_ref) = refs[:_INPUTS], refs[_INPUTS:_INPUTS + 2]
   outs, ssm_ref = refs[_INPUTS + 2:-1], refs[-1]
   slot_ids_ref, *_, ring_g_ref, ring_beta_ref, ring_rawk_ref, ring_rawv_ref = ins
-  row, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  row, h, j = row_ids()
   slot, block_v = slot_ids_ref[row], kw["block_v"]
   fold_kernels.fold_before_read(
       ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
@@ -353,7 +354,7 @@ def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   return pl.pallas_call(
       kernel,
       out_shape=out_shape,
-      grid=(B, HV, V // tuning.block_v),
+      grid=row_grid(B, HV, V // tuning.block_v),
       input_output_aliases={list(inputs).index(n): i for i, n in enumerate(outputs) if i},
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
