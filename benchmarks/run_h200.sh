@@ -2,7 +2,8 @@
 # One device call: GPU tests (Pallas compiled through Triton), then the kernel benchmark (and, with
 # STEP_BENCH=1, the end-to-end step benchmark into $OUT/step.json).
 # Run from the repository root on the H200 (device tool):  bash benchmarks/run_h200.sh
-# Logs and the results JSON go to $OUT (or ./out when OUT is unset).
+# Logs and the results JSON go to $OUT (or ./out when OUT is unset). SKIP_TESTS=1 / SKIP_BENCH=1
+# leave out the tests / the kernel benchmark.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -18,7 +19,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_kernels_recurrent.py tests/test_kernels_replay_verify.py tests/test_launch_order.py tests/test_ssm_recurrent.py tests/test_ssm_replay.py} \
     -k "${TEST_FILTER:-compiled or pallas or exactly_full or idempotent}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi
-python3 -m replayssm_jax.bench.kernels --out "$OUT/results.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  python3 -m replayssm_jax.bench.kernels --out "$OUT/results.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+fi
 # Optional (STEP_BENCH=1): the end-to-end step of all 30 GDN layers, recurrent vs ReplaySSM, time and
 # peak memory, one subprocess per mode and batch size (replayssm_jax/bench/step.py).
 if [ "${STEP_BENCH:-0}" = 1 ]; then

@@ -89,6 +89,9 @@ SKIP_IDLE_FOLD = True
 # fold's code costs the stream occupancy) and the decode cycle 213 -> 214. Skipping the fused
 # stream for such steps with a `lax.cond` made XLA copy the rings, so there is no skip; the
 # folding rows in a launch of their own (`replay_split.FOLD_LAUNCH`) lose under real traffic.
+# Run 17, with the fold kernel at 468 us (B=256), fused against apart: a step without a fold
+# 216.5 / 193.4 us, the mixed step 369.4 / 380.9, verify traffic 312.4 / 323.0, the decode cycle
+# 206.1 / 198.9 but decode with the rows out of phase 205.5 / 225.5; B=512 mixed 714.8 / 718.0.
 FUSE_FOLD = True
 # Whether the one-kernel replay verify forms (UT, vector: B < 16 windows, B < 64 decode) fold
 # the flush rows in their programs, in place of the fold kernel in a `lax.cond` before them.

@@ -36,6 +36,7 @@ import numpy as np
 
 from replayssm_jax import GDNConfig, SpecConfig, ssm
 from replayssm_jax.bench.timing import Timing, time_calls
+from replayssm_jax.kernels import backend
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels import recurrent as recurrent_kernels
 from replayssm_jax.kernels import replay_split
@@ -364,6 +365,11 @@ def main(argv=None) -> int:
   p.add_argument("--launch-order", choices=replay_split.LAUNCH_ORDERS,
                  default=replay_split.LAUNCH_ORDER,
                  help="how the fold-first launch order is computed (replay_split.LAUNCH_ORDER)")
+  p.add_argument("--stream-fold", action=argparse.BooleanOptionalAction, default=ssm.FUSE_FOLD,
+                 help="the split replay verify folds the flush rows in its checkpoint stream, "
+                      "not in a fold kernel before it (ssm.FUSE_FOLD)")
+  p.add_argument("--tile-grid", choices=backend.TILE_GRIDS, default=backend.TILE_GRID,
+                 help="the grid order of the per-row kernels (kernels.backend.TILE_GRID)")
   p.add_argument("--one-kernel-fold", action=argparse.BooleanOptionalAction,
                  default=ssm.FUSE_FOLD_ONE_KERNEL,
                  help="the one-kernel replay verify forms (B < 16 windows, B < 64 decode) fold "
@@ -383,7 +389,8 @@ def main(argv=None) -> int:
                 copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
                 backend=args.backend, fold_together=args.fold_together,
                 fold_launch=args.fold_launch, fold_first=args.fold_first,
-                launch_order=args.launch_order, one_kernel_fold=args.one_kernel_fold, rows=rows)
+                launch_order=args.launch_order, one_kernel_fold=args.one_kernel_fold,
+                stream_fold=args.stream_fold, tile_grid=args.tile_grid, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
@@ -393,7 +400,8 @@ def main(argv=None) -> int:
   knobs = {(replay_split, "FOLD_LAUNCH"): args.fold_launch,
            (replay_split, "STREAM_FOLD_FIRST"): args.fold_first,
            (replay_split, "LAUNCH_ORDER"): args.launch_order,
-           (ssm, "FUSE_FOLD_ONE_KERNEL"): args.one_kernel_fold}
+           (ssm, "FUSE_FOLD_ONE_KERNEL"): args.one_kernel_fold,
+           (ssm, "FUSE_FOLD"): args.stream_fold, (backend, "TILE_GRID"): args.tile_grid}
   defaults = {knob: getattr(*knob) for knob in knobs}
   for (module, name), value in knobs.items():
     setattr(module, name, value)
