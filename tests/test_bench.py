@@ -175,7 +175,9 @@ def test_sweep_state_smoke(tmp_path):
   out = tmp_path / "sweep.json"
   assert sweep.main(["--tiny", "--only", "state", "--batch", "2", "--reps", "1",
                      "--out", str(out)]) == 0
-  rows = json.loads(out.read_text())["rows"]
+  result = json.loads(out.read_text())
+  assert result["tile_grid"] == backend.TILE_GRID  # the launch order the kernels ran in
+  rows = result["rows"]
   assert rows and all(r["backend"] == "pallas" and r["fold_bitwise"] is True for r in rows)
   assert all(r["fold_us"] > 0 and r["rec_verify_us"] > 0 for r in rows)
 

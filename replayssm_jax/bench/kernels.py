@@ -36,7 +36,7 @@ import numpy as np
 
 from replayssm_jax import GDNConfig, SpecConfig, ssm
 from replayssm_jax.bench.timing import Timing, time_calls
-from replayssm_jax.kernels import backend
+from replayssm_jax.kernels import backend as kernel_backend
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels import recurrent as recurrent_kernels
 from replayssm_jax.kernels import replay_split
@@ -368,7 +368,8 @@ def main(argv=None) -> int:
   p.add_argument("--stream-fold", action=argparse.BooleanOptionalAction, default=ssm.FUSE_FOLD,
                  help="the split replay verify folds the flush rows in its checkpoint stream, "
                       "not in a fold kernel before it (ssm.FUSE_FOLD)")
-  p.add_argument("--tile-grid", choices=backend.TILE_GRIDS, default=backend.TILE_GRID,
+  p.add_argument("--tile-grid", choices=kernel_backend.TILE_GRIDS,
+                 default=kernel_backend.TILE_GRID,
                  help="the grid order of the per-row kernels (kernels.backend.TILE_GRID)")
   p.add_argument("--one-kernel-fold", action=argparse.BooleanOptionalAction,
                  default=ssm.FUSE_FOLD_ONE_KERNEL,
@@ -401,7 +402,8 @@ def main(argv=None) -> int:
            (replay_split, "STREAM_FOLD_FIRST"): args.fold_first,
            (replay_split, "LAUNCH_ORDER"): args.launch_order,
            (ssm, "FUSE_FOLD_ONE_KERNEL"): args.one_kernel_fold,
-           (ssm, "FUSE_FOLD"): args.stream_fold, (backend, "TILE_GRID"): args.tile_grid}
+           (ssm, "FUSE_FOLD"): args.stream_fold,
+           (kernel_backend, "TILE_GRID"): args.tile_grid}
   defaults = {knob: getattr(*knob) for knob in knobs}
   for (module, name), value in knobs.items():
     setattr(module, name, value)

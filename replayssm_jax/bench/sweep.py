@@ -33,6 +33,7 @@ from replayssm_jax.bench import kernels as bench
 from replayssm_jax.bench.kernels import Bytes, _inputs, _replay_cache, _window
 from replayssm_jax.bench.timing import time_calls
 from replayssm_jax.config import SpecConfig
+from replayssm_jax.kernels import backend as kernel_backend
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels import replay_split
 from replayssm_jax.kernels import replay_verify as replay_kernels
@@ -323,8 +324,8 @@ def main(argv=None) -> int:
       rows.append(row)
       print(json.dumps(row), flush=True)
       with open(args.out, "w") as f:  # after every row: a run cut short keeps what it measured
-        json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, rows=rows), f,
-                  indent=1)
+        json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
+                       tile_grid=kernel_backend.TILE_GRID, rows=rows), f, indent=1)
       if time.monotonic() - start > args.budget_s:
         print(f"stopping: the {args.budget_s} s budget is spent", flush=True)
         return 0
