@@ -470,10 +470,10 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   """The coefficients, then the stream launch(es); ``fold_rows = (fold_count, fold_base)``
   with ``fold``, else None. Returns ``(o, ssm, rings)``."""
   ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv = rings
-  v = window[2]
+  q, _, v = window[:3]
   slot_ids = cursors[0]
   _choice("coefficients", coefficients, COEFFICIENTS)
-  T, H = window[0].shape[1:3]
+  T, H = q.shape[1:3]
   if coefficient_key_heads < 1 or H % coefficient_key_heads:
     raise ValueError(f"coefficient_key_heads={coefficient_key_heads} must divide the {H} key heads.")
   HV, L = v.shape[2], ring_g.shape[-1]

@@ -22,7 +22,8 @@ product and the sum apart (where XLA:CPU targets FMA units it may contract some 
 alike in two kernels: the tests start it with ``--xla_cpu_max_isa=AVX``, `tests/conftest.py`).
 Norms: the GPU multiplies by one reciprocal square root, where a division per element costs
 three instructions; the interpreter divides, since a reciprocal there broke the tie (XLA on the
-CPU compiled the two kernels' norms to different bits). Either way both sides of the bitwise tie compile alike (GPU tests, benchmarks/gpu_tests_h200.md run 8).
+CPU compiled the two kernels' norms to different bits). Either way both sides of the bitwise tie
+compile alike (GPU tests, benchmarks/gpu_tests_h200.md run 8).
 """
 
 from __future__ import annotations
