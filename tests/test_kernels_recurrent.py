@@ -140,17 +140,30 @@ def test_fold_bitwise_equals_recurrent_verify(case, dtype, interpret):
   check_fold(case, dtype, interpret)
 
 
-@pytest.mark.parametrize("v_blocks, prefetch, interleave, ahead",
-                         [(1, True, False, False), (2, False, False, False),
-                          (4, True, False, False), (4, False, False, False),
-                          (2, True, True, False), (4, False, True, False),
-                          (1, True, False, True), (4, True, False, True), (2, True, True, True)])
-def test_fold_launches_keep_the_bits(v_blocks, prefetch, interleave, ahead, interpret):
+@pytest.mark.parametrize("v_blocks, prefetch, interleave, ahead, at",
+                         [(1, True, False, False, "start"), (2, False, False, False, "start"),
+                          (4, True, False, False, "start"), (4, False, False, False, "start"),
+                          (2, True, True, False, "start"), (4, False, True, False, "start"),
+                          (1, True, False, True, "start"), (4, True, False, True, "start"),
+                          (2, True, True, True, "start"), (1, True, False, False, "end"),
+                          (1, True, False, True, "end"), (2, True, True, True, "end")])
+def test_fold_launches_keep_the_bits(v_blocks, prefetch, interleave, ahead, at, interpret):
   """The fold's own launch (V-blocks per program, one after the other or interleaved in one
-  record loop; record prefetch, with the next k normalised ahead) leaves its bits alone."""
+  record loop; record prefetch before or after an update, with the next k normalised ahead)
+  leaves its bits alone."""
   case = (3, 4, 2, 4, 16, 32, 8)  # four V-tiles per head
   check_fold(case, jnp.bfloat16, interpret, v_blocks=v_blocks, prefetch=prefetch,
-             interleave=interleave, normalize_ahead=ahead)
+             interleave=interleave, normalize_ahead=ahead, prefetch_at=at)
+
+
+def test_fold_prefetch_at_must_be_known():
+  x = make_inputs(np.random.default_rng(0), 2, 1, 1, 2, 16, 32, jnp.float32)
+  rings = ring_from_tokens(x, jnp.array([0, 1], jnp.int32), 4, np.zeros(2, np.int32),
+                           np.random.default_rng(1))
+  with pytest.raises(ValueError, match="prefetch_at='middle'; expected one of"):
+    fold.fold(x["ssm"], *rings, jnp.array([0, 1], jnp.int32), jnp.ones(2, jnp.int32),
+              jnp.zeros(2, jnp.int32), tuning=KernelTuning(block_v=16), interpret=True,
+              prefetch_at="middle")
 
 
 def test_fold_v_blocks_must_divide_the_tiles():

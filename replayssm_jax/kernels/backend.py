@@ -94,7 +94,8 @@ class KernelTuning:
     H200, 2026-11-30, B=256, HV=32, K=V=128 (benchmarks/NOTES.md run 4): (32, 2 warps, K-chunks
     of 32) ran the recurrent verify in 789 us, decode in 301 us and the 12-record fold in 595 us;
     (32, 4) with whole K rows, the old default, 775 / 307 / 828 us. Run 17, with the grid in
-    memory order (`TILE_GRID`): 723 / 287 us, the fold (two tiles a program) 468 us.
+    memory order (`TILE_GRID`): 723 / 287 us; the fold, with its own launch (`fold.fold`), 441
+    us since run 18.
     """
     return cls(block_v=min(32, V), num_warps=2, k_chunk=32)
 

@@ -27,27 +27,30 @@ from replayssm_jax.kernels import tile
 from replayssm_jax.kernels.backend import KernelTuning, row_grid, row_ids
 from replayssm_jax.kernels.recurrent import scatter_rows
 
-# The fold's own launch, beyond the shared tuning (none changes its bits): two tiles per program
-# (`FOLD_V_BLOCKS`, or as many as divide the head's), folded in one record loop
-# (`FOLD_INTERLEAVE`: each record's k loaded and normalised once for both, their updates two
-# independent chains for the same warps), loading record i+1 before applying record i
-# (`FOLD_PREFETCH`). H200, 12 records (benchmarks/NOTES.md run 15), against one tile per
-# program with prefetch: B=1 14.3 -> 11.6 us, B=16 44.9 -> 38.8, B=64 152.1 -> 135.6, B=256
-# 556.4 -> 505.6, B=512 1110 -> 944; the best launch or within 2% of it at every B. Four
-# interleaved tiles spill (B=256: 1192 us); the two tiles one after the other lose at B=1. With
-# the grid in memory order (`backend.TILE_GRID`, run 17) still the best launch: B=256 468 us,
-# B=512 902.
-FOLD_V_BLOCKS = 2
+# The fold's own launch, beyond the shared tuning (none changes its bits): how many tiles a
+# program folds (`FOLD_V_BLOCKS`, or as many as divide the head's), one after the other or in
+# one record loop (`FOLD_INTERLEAVE`: each record's k loaded and normalised once for both, their
+# updates two independent chains for the same warps); whether record i + 1 is loaded while
+# record i is applied (`FOLD_PREFETCH`), where in its update the loads are issued
+# (`FOLD_PREFETCH_AT`), and whether its k is normalised when loaded (`FOLD_NORMALIZE_AHEAD`).
+# H200, 12 records (benchmarks/NOTES.md run 18): one tile a program, the next record loaded and
+# normalised after record i's update, B=256 471 -> 443 us, B=512 907 -> 863, against run 15's
+# two tiles in one loop with the loads issued before the update ("start"). The profile of that
+# launch: a third of its stalls on a long scoreboard, most at one add of the update's K-sum,
+# which waited for the next record's loads issued just before it (ptxas shares its few
+# scoreboards); loads issued after the update ("end") leave the K-sum alone. Same bits.
+FOLD_V_BLOCKS = 1
 FOLD_PREFETCH = True
-FOLD_INTERLEAVE = True
-# Whether the prefetch also normalises record i + 1's k before record i is applied (its
-# reductions then overlap the update instead of leading the next one). Same bits either way.
-FOLD_NORMALIZE_AHEAD = False
+FOLD_INTERLEAVE = False
+FOLD_NORMALIZE_AHEAD = True
+PREFETCH_ATS = ("start", "end")
+FOLD_PREFETCH_AT = "end"
 
 
 def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, *, slot, h, kh,
               rows: pl.Slice | tuple[pl.Slice, ...], count, base, ring_len: int, k_chunk: int,
-              prefetch: bool, compiled: bool, normalize_ahead: bool = False) -> None:
+              prefetch: bool, compiled: bool, normalize_ahead: bool = False,
+              prefetch_at: str = "start") -> None:
   """Replay ``count`` records of (slot, value head h) into ``ssm_ref[slot, h, rows, :]`` in place.
 
   The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
@@ -56,7 +59,8 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
   ``rows`` may also be a tuple of tiles, folded in one record loop, each as alone.
   Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is normalised as the
   recurrent kernels normalise it, where it is used or, with ``prefetch`` and
-  ``normalize_ahead``, when it is loaded.
+  ``normalize_ahead``, when it is loaded. ``prefetch_at`` (`PREFETCH_ATS`): whether record
+  i + 1 is loaded before record i's update ("start") or after it ("end").
   """
   K = ssm_ref.shape[-1]
   tiles = rows if isinstance(rows, tuple) else (rows,)
@@ -77,13 +81,19 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
 
   S = tuple(tile.load(ssm_ref, (slot, h, r), K, k_chunk) for r in tiles)
   if prefetch:
-    # Record i + 1 is loaded (and normalised ahead) before record i is applied, so its memory
-    # latency (and the norm's reductions) hide behind the update; the last load reads a ring
+    # Record i + 1 is loaded (and normalised ahead) while record i is applied, so its memory
+    # latency (and the norm's reductions) hide behind an update; the last load reads a ring
     # entry it never uses (in bounds: index mod L).
+    if prefetch_at not in PREFETCH_ATS:
+      raise ValueError(f"fold: prefetch_at={prefetch_at!r}; expected one of {PREFETCH_ATS}.")
+
     def step(i, carry):
       S, rec = carry
-      nxt = record(i + 1)
-      return update(S, rec), nxt
+      if prefetch_at == "start":
+        nxt = record(i + 1)
+        return update(S, rec), nxt
+      S = update(S, rec)
+      return S, record(i + 1)
 
     S, _ = jax.lax.fori_loop(0, count, step, (S, record(0)))
   else:
@@ -143,6 +153,7 @@ def _fold_kernel(
     k_chunk: int,
     v_blocks: int,
     prefetch: bool,
+    prefetch_at: str,
     interleave: bool,
     normalize_ahead: bool,
     compiled: bool,
@@ -156,7 +167,7 @@ def _fold_kernel(
     fold_tiles(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
                first_row=j * v_blocks * block_v, block_v=block_v, tiles=v_blocks,
                interleave=interleave, slot=slot, h=h, kh=h // gqa_ratio, count=count, base=base,
-               ring_len=ring_len, k_chunk=k_chunk, prefetch=prefetch,
+               ring_len=ring_len, k_chunk=k_chunk, prefetch=prefetch, prefetch_at=prefetch_at,
                normalize_ahead=normalize_ahead, compiled=compiled)
 
 
@@ -177,11 +188,11 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch",
-                                             "interleave", "normalize_ahead"))
+                                             "interleave", "normalize_ahead", "prefetch_at"))
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
          tuning: KernelTuning, interpret: bool, v_blocks: int | None = None,
          prefetch: bool | None = None, interleave: bool | None = None,
-         normalize_ahead: bool | None = None):
+         normalize_ahead: bool | None = None, prefetch_at: str | None = None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
@@ -194,11 +205,13 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     interpret: run the Pallas interpreter (CPU).
     v_blocks: ``[BV, K]`` tiles one program folds (default `FOLD_V_BLOCKS`, or the most of
       them up to it that divide the head's tiles): fewer, longer programs.
-    prefetch: load record ``i + 1`` before applying record ``i`` (default `FOLD_PREFETCH`).
+    prefetch: load record ``i + 1`` while applying record ``i`` (default `FOLD_PREFETCH`).
     interleave: fold a program's ``v_blocks`` tiles in one record loop (default
       `FOLD_INTERLEAVE`).
     normalize_ahead: with ``prefetch``, normalise record ``i + 1``'s k before applying record
       ``i`` (default `FOLD_NORMALIZE_AHEAD`).
+    prefetch_at: with ``prefetch``, issue those loads before record ``i``'s update ("start")
+      or after it ("end"; default `FOLD_PREFETCH_AT`).
     None changes the arithmetic: every launch folds to the same bits.
 
   Returns:
@@ -212,13 +225,14 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   prefetch = FOLD_PREFETCH if prefetch is None else prefetch
   interleave = FOLD_INTERLEAVE if interleave is None else interleave
   normalize_ahead = FOLD_NORMALIZE_AHEAD if normalize_ahead is None else normalize_ahead
+  prefetch_at = FOLD_PREFETCH_AT if prefetch_at is None else prefetch_at
   if v_blocks < 1 or tiles % v_blocks:
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
   kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, block_v=tuning.block_v,
                              k_chunk=tuning.k_chunk, v_blocks=v_blocks, prefetch=prefetch,
-                             interleave=interleave, normalize_ahead=normalize_ahead,
-                             compiled=not interpret)
+                             prefetch_at=prefetch_at, interleave=interleave,
+                             normalize_ahead=normalize_ahead, compiled=not interpret)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
   return pl.pallas_call(
@@ -230,7 +244,8 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       compiler_params=tuning.compiler_params(),
       name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{tuning.k_chunk}"
            f"_vb{v_blocks}{'_il' if interleave else ''}{'_pf' if prefetch else ''}"
-           f"{'_na' if prefetch and normalize_ahead else ''}",
+           f"{'_na' if prefetch and normalize_ahead else ''}"
+           f"{'_end' if prefetch and prefetch_at == 'end' else ''}",
   )(*inputs.values())
 
 

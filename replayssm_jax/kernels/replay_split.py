@@ -335,12 +335,14 @@ LAUNCH_ORDERS = ("xla", "pallas")
 LAUNCH_ORDER = "pallas"
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
 # Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
-# (707 -> 733), and the decode cycle lost 1.5-2.3 us (benchmarks/NOTES.md run 10).
+# (707 -> 733), and the decode cycle lost 1.5-2.3 us (benchmarks/NOTES.md run 10). Issued after
+# the update, as the fold kernel's since run 18 (`fold.FOLD_PREFETCH_AT`), they cost the stream:
+# B=256 mixed step 372 -> 396 us, decode cycle 206 -> 213; the stream loads them first.
 STREAM_FOLD_PREFETCH = True
 # Whether the stream folds a program's tiles (``block_v // fold_block_v`` of them) in one record
-# loop, as `fold.FOLD_INTERLEAVE`, or one after the other. Unlike the fold kernel's, it loses
-# (H200, B=256, run 15): 12 records 687.5 -> 734.6 us, a step without a fold 220 -> 258: its
-# registers go from 168 to 244 a thread, and its programs per SM from 3 to 2.
+# loop, or one after the other. In one loop it loses (H200, B=256, run 15): 12 records 687.5 ->
+# 734.6 us, a step without a fold 220 -> 258: its registers go from 168 to 244 a thread, and its
+# programs per SM from 3 to 2.
 STREAM_FOLD_INTERLEAVE = False
 
 

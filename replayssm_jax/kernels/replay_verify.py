@@ -254,13 +254,25 @@ def _replay_verify_vec_kernel(
 class KernelFold(NamedTuple):
   """How a one-kernel verify program folds its checkpoint rows before reading them: as
   ``[block_v, K]`` tiles held as K-chunks of ``k_chunk`` (the recurrent kernels' tuning, for
-  the bitwise tie), ``prefetch``, ``interleave`` and ``normalize_ahead`` as `fold.fold`'s."""
+  the bitwise tie), ``prefetch``, ``interleave``, ``normalize_ahead`` and ``prefetch_at`` as
+  `fold.fold`'s."""
 
   block_v: int
   k_chunk: int
   prefetch: bool
   interleave: bool
   normalize_ahead: bool
+  prefetch_at: str
+
+
+# The one-kernel forms' record loop (`KernelFold`): a program's fold tiles in one loop, the next
+# record loaded before the update, its k normalised where used (the fold kernel's loop of runs
+# 15-17). The fold kernel's loop since run 18 (`fold.FOLD_PREFETCH_AT`) is slower here: H200
+# (benchmarks/NOTES.md run 18), the flush step at B=1 16.9 -> 19.9 us, at B=8 33.2 -> 36.9.
+ONE_KERNEL_FOLD_PREFETCH = True
+ONE_KERNEL_FOLD_INTERLEAVE = True
+ONE_KERNEL_FOLD_NORMALIZE_AHEAD = False
+ONE_KERNEL_FOLD_PREFETCH_AT = "start"
 
 
 _INPUTS, _SSM = 17, 10  # the verify kernels' inputs (slot_ids to ring_rawv); ssm's place
@@ -285,7 +297,8 @@ def _fold_first_kernel(*refs, verify_kernel, fold: KernelFold, compiled: bool, *
       count=jnp.where(slot >= 0, fold_count_ref[row], 0), rows=block_v, block_v=fold.block_v,
       compiled=compiled, first_row=j * block_v, interleave=fold.interleave, slot=slot, h=h,
       kh=h // kw["gqa_ratio"], base=fold_base_ref[row], ring_len=kw["L"], k_chunk=fold.k_chunk,
-      prefetch=fold.prefetch, normalize_ahead=fold.normalize_ahead)
+      prefetch=fold.prefetch, normalize_ahead=fold.normalize_ahead,
+      prefetch_at=fold.prefetch_at)
   verify_kernel(*ins[:_SSM], ssm_ref, *ins[_SSM + 1:], *outs, **kw)
 
 
@@ -446,9 +459,10 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
           f"fold in tiles of {fold_tuning.block_v // fold_tuning.num_warps} rows a warp, as the "
           f"recurrent kernels' ({fold_tuning.block_v} rows, {fold_tuning.num_warps} warps).")
     fold = KernelFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
-                      prefetch=fold_kernels.FOLD_PREFETCH,
-                      interleave=fold_kernels.FOLD_INTERLEAVE,
-                      normalize_ahead=fold_kernels.FOLD_NORMALIZE_AHEAD)
+                      prefetch=ONE_KERNEL_FOLD_PREFETCH,
+                      interleave=ONE_KERNEL_FOLD_INTERLEAVE,
+                      normalize_ahead=ONE_KERNEL_FOLD_NORMALIZE_AHEAD,
+                      prefetch_at=ONE_KERNEL_FOLD_PREFETCH_AT)
     o, *rings, ssm = _replay_verify_call(*args, (fold_count, fold_base), tuning=tuning,
                                          dot_precision=dot_precision, interpret=interpret,
                                          form=form, fold=fold)
