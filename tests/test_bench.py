@@ -10,7 +10,7 @@ import pytest
 
 from replayssm_jax import SpecConfig, ssm
 from replayssm_jax.bench import kernels
-from replayssm_jax.kernels import backend, replay_split
+from replayssm_jax.kernels import backend, fold, replay_split
 
 
 def test_bench_smoke(tmp_path):
@@ -42,20 +42,21 @@ def test_bench_paths(tmp_path):
 def test_bench_fold_together_smoke(tmp_path):
   """``--fold-together``: every path runs with rows folding along; the file says so, and the
   ``--fold-launch``, ``--fold-first``, ``--launch-order``, ``--one-kernel-fold``,
-  ``--stream-fold`` and ``--tile-grid`` it ran under, which end with the call (B=2: the
-  one-kernel forms)."""
+  ``--stream-fold``, ``--tile-grid`` and ``--fold-prefetch-at`` it ran under, which end with
+  the call (B=2: the one-kernel forms)."""
   out = tmp_path / "results.json"
   other = next(x for x in replay_split.FOLD_LAUNCHES if x != replay_split.FOLD_LAUNCH)
   default, first = replay_split.FOLD_LAUNCH, replay_split.STREAM_FOLD_FIRST
   order = next(x for x in replay_split.LAUNCH_ORDERS if x != replay_split.LAUNCH_ORDER)
   one, fused = ssm.FUSE_FOLD_ONE_KERNEL, ssm.FUSE_FOLD
   grid = next(x for x in backend.TILE_GRIDS if x != backend.TILE_GRID)
+  at = next(x for x in fold.PREFETCH_ATS if x != fold.FOLD_PREFETCH_AT)
   assert kernels.main(["--tiny", "--batch", "2", "--reps", "1", "--copy-gib", "0.004",
                        "--decode-rings", "8", "--fold-together", "0.5", "--fold-launch", other,
                        "--no-fold-first" if first else "--fold-first", "--launch-order", order,
                        "--no-one-kernel-fold" if one else "--one-kernel-fold",
                        "--no-stream-fold" if fused else "--stream-fold", "--tile-grid", grid,
-                       "--out", str(out)]) == 0
+                       "--fold-prefetch-at", at, "--out", str(out)]) == 0
   result = json.loads(out.read_text())
   assert result["fold_together"] == 0.5
   assert result["fold_launch"] == other and replay_split.FOLD_LAUNCH == default
@@ -64,6 +65,7 @@ def test_bench_fold_together_smoke(tmp_path):
   assert result["one_kernel_fold"] is not one and ssm.FUSE_FOLD_ONE_KERNEL is one
   assert result["stream_fold"] is not fused and ssm.FUSE_FOLD is fused
   assert result["tile_grid"] == grid and backend.TILE_GRID != grid
+  assert result["fold_prefetch_at"] == at and fold.FOLD_PREFETCH_AT != at
   assert {r["kernel"] for r in result["rows"]} >= {"rssm_step_mixed", "rssm_decode_spread"}
   assert [kernels.fold_together_records(x, 16) for x in (None, 0.5, 0.01, 1.0)] == [None, 8, 1, 16]
   with pytest.raises(SystemExit):
@@ -205,8 +207,10 @@ def test_sweep_fold_smoke(tmp_path):
   assert sweep.main(["--tiny", "--only", "fold", "--batch", "2", "--reps", "1",
                      "--out", str(out)]) == 0
   rows = json.loads(out.read_text())["rows"]
-  assert {(r["v_blocks"], r["prefetch"], r["normalize_ahead"]) for r in rows} >= {
-      (1, False, False), (1, True, False), (1, True, True)}
+  assert {(r["v_blocks"], r["prefetch"], r["normalize_ahead"], r["prefetch_at"])
+          for r in rows} >= {(1, False, False, "start"), (1, True, False, "start"),
+                             (1, True, True, "start"), (1, True, False, "end"),
+                             (1, True, True, "end")}
   assert all(r["fold_bitwise"] is True and r["fold_us"] > 0 and r["empty_us"] > 0 for r in rows)
 
 

@@ -375,6 +375,10 @@ def main(argv=None) -> int:
                  default=ssm.FUSE_FOLD_ONE_KERNEL,
                  help="the one-kernel replay verify forms (B < 16 windows, B < 64 decode) fold "
                       "the flush rows in their programs (ssm.FUSE_FOLD_ONE_KERNEL)")
+  p.add_argument("--fold-prefetch-at", choices=fold_kernels.PREFETCH_ATS,
+                 default=fold_kernels.FOLD_PREFETCH_AT,
+                 help="where the fold kernel loads the next record: before or after applying "
+                      "one (kernels.fold.FOLD_PREFETCH_AT)")
   args = p.parse_args(argv)
   if args.fold_together is not None and not 0 < args.fold_together <= 1:
     p.error(f"--fold-together {args.fold_together} must be a share of the ring in (0, 1].")
@@ -391,7 +395,8 @@ def main(argv=None) -> int:
                 backend=args.backend, fold_together=args.fold_together,
                 fold_launch=args.fold_launch, fold_first=args.fold_first,
                 launch_order=args.launch_order, one_kernel_fold=args.one_kernel_fold,
-                stream_fold=args.stream_fold, tile_grid=args.tile_grid, rows=rows)
+                stream_fold=args.stream_fold, tile_grid=args.tile_grid,
+                fold_prefetch_at=args.fold_prefetch_at, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
@@ -403,7 +408,8 @@ def main(argv=None) -> int:
            (replay_split, "LAUNCH_ORDER"): args.launch_order,
            (ssm, "FUSE_FOLD_ONE_KERNEL"): args.one_kernel_fold,
            (ssm, "FUSE_FOLD"): args.stream_fold,
-           (kernel_backend, "TILE_GRID"): args.tile_grid}
+           (kernel_backend, "TILE_GRID"): args.tile_grid,
+           (fold_kernels, "FOLD_PREFETCH_AT"): args.fold_prefetch_at}
   defaults = {knob: getattr(*knob) for knob in knobs}
   for (module, name), value in knobs.items():
     setattr(module, name, value)

@@ -173,11 +173,13 @@ def sweep_state(gdn, B, reps, n_fold=12, backend="pallas"):  # 12 records: the a
     yield row
 
 
-# (v_blocks, prefetch, interleave, normalize_ahead): tiles per program, one after the other or
-# in one record loop, loading record i + 1 (and normalising its k) before applying record i
-FOLD_LAUNCHES = [(vb, pf, il, na) for vb in (1, 2, 4)
+# (v_blocks, prefetch, interleave, normalize_ahead, prefetch_at): tiles per program, one after
+# the other or in one record loop, loading record i + 1 (and normalising its k) while applying
+# record i, the loads issued before or after its update
+FOLD_LAUNCHES = [(vb, pf, il, na, at) for vb in (1, 2, 4)
                  for il in ((False, True) if vb > 1 else (False,))
-                 for pf, na in ((False, False), (True, False), (True, True))]
+                 for pf, na in ((False, False), (True, False), (True, True))
+                 for at in (fold_kernels.PREFETCH_ATS if pf else ("start",))]
 
 
 def sweep_fold(gdn, B, reps, n_fold=12):
@@ -189,16 +191,17 @@ def sweep_fold(gdn, B, reps, n_fold=12):
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   S0, rings, count, base, expected = _fold_case(gdn, B, rng, kern, tuning, n_fold)
   nbytes = Bytes(gdn, 4)
-  for v_blocks, prefetch, interleave, ahead in FOLD_LAUNCHES:
+  for v_blocks, prefetch, interleave, ahead, at in FOLD_LAUNCHES:
     if v_blocks > gdn.head_v_dim // tuning.block_v:
       continue
-    fold = jax.jit(lambda s, n, vb=v_blocks, pf=prefetch, il=interleave, na=ahead:
+    fold = jax.jit(lambda s, n, vb=v_blocks, pf=prefetch, il=interleave, na=ahead, at=at:
                    fold_kernels.fold(s, *rings, slot_ids, n, base, tuning=tuning,
                                      interpret=interpret_mode(), v_blocks=vb, prefetch=pf,
-                                     interleave=il, normalize_ahead=na), donate_argnums=0)
+                                     interleave=il, normalize_ahead=na, prefetch_at=at),
+                   donate_argnums=0)
     folded = fold(S0 + 0, count)
     row = dict(kernel="exact_fold", B=B, n_fold=n_fold, v_blocks=v_blocks, prefetch=prefetch,
-               interleave=interleave, normalize_ahead=ahead,
+               interleave=interleave, normalize_ahead=ahead, prefetch_at=at,
                fold_bitwise=bool(jnp.array_equal(folded, expected)))
     t, folded = time_calls(lambda s: fold(s, count), folded, reps=reps)
     t0, _ = time_calls(lambda s: fold(s, jnp.zeros_like(count)), folded, reps=reps)
