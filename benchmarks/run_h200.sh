@@ -16,7 +16,7 @@ fi
 python3 -c "import jax; print(jax.__version__, jax.devices())" 2>&1 | tee "$OUT/env.log"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv 2>&1 | tee -a "$OUT/env.log"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_kernels_recurrent.py tests/test_kernels_replay_verify.py tests/test_launch_order.py tests/test_ssm_recurrent.py tests/test_ssm_replay.py} \
+  timeout "${TEST_TIMEOUT:-540}" python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_kernels_recurrent.py tests/test_kernels_replay_verify.py tests/test_launch_order.py tests/test_ssm_recurrent.py tests/test_ssm_replay.py} \
     -k "${TEST_FILTER:-compiled or pallas or exactly_full or idempotent}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
