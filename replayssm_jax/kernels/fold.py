@@ -37,7 +37,7 @@ from replayssm_jax.kernels.recurrent import scatter_rows
 # normalised after record i's update, B=256 471 -> 443 us, B=512 907 -> 863, against run 15's
 # two tiles in one loop with the loads issued before the update ("start"). The profile of that
 # launch: a third of its stalls on a long scoreboard, most at one add of the update's K-sum,
-# which waited for the next record's loads issued just before it (ptxas shares its few
+# most likely waiting for the next record's loads issued just before it (ptxas shares its few
 # scoreboards); loads issued after the update ("end") leave the K-sum alone. Same bits.
 FOLD_V_BLOCKS = 1
 FOLD_PREFETCH = True
