@@ -368,7 +368,7 @@ def check_fold_inside(c: Case, inp, *, tuning, fold_tuning, form, interpret, **l
 @pytest.mark.parametrize("c", [FUSED_CASES[0], FUSED_CASES[2]], ids=lambda c: c.id)
 def test_fold_inside_the_stream_in_several_tiles(c: Case, interleave, interpret):
   """A stream program folding its checkpoint rows as four tiles, one after the other or in one
-  record loop (`replay_split.StreamFold.interleave`): the fold kernel's bits, as with one."""
+  record loop (`fold.FoldLoop.interleave`): the fold kernel's bits, as with one."""
   inp = make_inputs(c, seed=2)
   (count, fold_base), cursors = _flush_some_rows(inp, c)
   inp = {**inp, **cursors}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +46,25 @@ FOLD_INTERLEAVE = False
 FOLD_NORMALIZE_AHEAD = True
 PREFETCH_ATS = ("start", "end")
 FOLD_PREFETCH_AT = "end"
+
+
+class FoldLoop(NamedTuple):
+  """How a program replays records into its checkpoint rows (`fold_tiles`).
+
+  In ``[block_v, K]`` tiles held as K-chunks of ``k_chunk``, laid out as the recurrent kernels'
+  tiles (the bitwise tie); the rest is the record loop, which changes no bit: a program's tiles
+  one after the other or in one loop (``interleave``), record i + 1 loaded while record i is
+  applied (``prefetch``), before or after its update (``prefetch_at``, `PREFETCH_ATS`), its k
+  normalised when loaded (``normalize_ahead``) or where used. The fold kernel, the split
+  form's stream and the one-kernel verify forms each hold one.
+  """
+
+  block_v: int
+  k_chunk: int
+  prefetch: bool = True
+  interleave: bool = False
+  normalize_ahead: bool = False
+  prefetch_at: str = "start"
 
 
 def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, *, slot, h, kh,
@@ -102,13 +122,14 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
     tile.store(ssm_ref, (slot, h, r), S_t)
 
 
-def fold_tiles(ssm_ref, *rings, first_row, block_v: int, tiles: int, interleave: bool,
-               **kw) -> None:
-  """`fold_rows` of the ``tiles`` ``[block_v, K]`` tiles from row ``first_row`` on: in one
-  record loop (``interleave``) or one after the other (a loop over the tiles). ``rings``:
-  rawk, rawv, g, beta; ``kw``: the rest of `fold_rows`'s arguments."""
-  tile_rows = lambda t: pl.ds(first_row + t * block_v, block_v)
-  if interleave:
+def fold_tiles(ssm_ref, *rings, loop: FoldLoop, first_row, tiles: int, **kw) -> None:
+  """`fold_rows` of the ``tiles`` ``[loop.block_v, K]`` tiles from row ``first_row`` on, in
+  ``loop``'s record loop. ``rings``: rawk, rawv, g, beta; ``kw``: the rest of `fold_rows`'s
+  arguments (slot, h, kh, count, base, ring_len, compiled)."""
+  kw.update(k_chunk=loop.k_chunk, prefetch=loop.prefetch, normalize_ahead=loop.normalize_ahead,
+            prefetch_at=loop.prefetch_at)
+  tile_rows = lambda t: pl.ds(first_row + t * loop.block_v, loop.block_v)
+  if loop.interleave:
     fold_rows(ssm_ref, *rings, rows=tuple(tile_rows(t) for t in range(tiles)), **kw)
     return
 
@@ -119,16 +140,15 @@ def fold_tiles(ssm_ref, *rings, first_row, block_v: int, tiles: int, interleave:
   jax.lax.fori_loop(0, tiles, one_tile, 0)
 
 
-def fold_before_read(ssm_ref, *rings, count, rows: int, block_v: int, compiled: bool,
+def fold_before_read(ssm_ref, *rings, loop: FoldLoop, count, rows: int, compiled: bool,
                      **kw) -> None:
-  """`fold_tiles` of a verify program's ``rows`` checkpoint rows, as ``[block_v, K]`` tiles,
-  when ``count > 0``, before the program reads them: a flush row's checkpoint is read and
-  written once, not read again by a verify after a fold kernel. ``kw``: the rest of
-  `fold_tiles`'s arguments but ``tiles``."""
+  """`fold_tiles` of a verify program's ``rows`` checkpoint rows when ``count > 0``, before the
+  program reads them: a flush row's checkpoint is read and written once, not read again by a
+  verify after a fold kernel. ``kw``: the rest of `fold_tiles`'s arguments but ``tiles``."""
 
   @pl.when(count > 0)
   def _fold():
-    fold_tiles(ssm_ref, *rings, block_v=block_v, tiles=rows // block_v, count=count,
+    fold_tiles(ssm_ref, *rings, loop=loop, tiles=rows // loop.block_v, count=count,
                compiled=compiled, **kw)
     if compiled:  # the program's threads read what its other threads stored
       pltriton.debug_barrier()
@@ -149,13 +169,8 @@ def _fold_kernel(
     *,
     ring_len: int,
     gqa_ratio: int,
-    block_v: int,
-    k_chunk: int,
+    loop: FoldLoop,
     v_blocks: int,
-    prefetch: bool,
-    prefetch_at: str,
-    interleave: bool,
-    normalize_ahead: bool,
     compiled: bool,
 ):
   del ssm_in_ref  # the same buffer as ssm_ref
@@ -164,11 +179,9 @@ def _fold_kernel(
 
   @pl.when((slot >= 0) & (count > 0))
   def _fold():
-    fold_tiles(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
-               first_row=j * v_blocks * block_v, block_v=block_v, tiles=v_blocks,
-               interleave=interleave, slot=slot, h=h, kh=h // gqa_ratio, count=count, base=base,
-               ring_len=ring_len, k_chunk=k_chunk, prefetch=prefetch, prefetch_at=prefetch_at,
-               normalize_ahead=normalize_ahead, compiled=compiled)
+    fold_tiles(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, loop=loop,
+               first_row=j * v_blocks * loop.block_v, tiles=v_blocks, slot=slot, h=h,
+               kh=h // gqa_ratio, count=count, base=base, ring_len=ring_len, compiled=compiled)
 
 
 def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base):
@@ -222,17 +235,17 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   tuning.check(V, K)
   tiles = V // tuning.block_v
   v_blocks = math.gcd(FOLD_V_BLOCKS, tiles) if v_blocks is None else v_blocks
-  prefetch = FOLD_PREFETCH if prefetch is None else prefetch
-  interleave = FOLD_INTERLEAVE if interleave is None else interleave
-  normalize_ahead = FOLD_NORMALIZE_AHEAD if normalize_ahead is None else normalize_ahead
-  prefetch_at = FOLD_PREFETCH_AT if prefetch_at is None else prefetch_at
+  loop = FoldLoop(
+      block_v=tuning.block_v, k_chunk=tuning.k_chunk,
+      prefetch=FOLD_PREFETCH if prefetch is None else prefetch,
+      interleave=FOLD_INTERLEAVE if interleave is None else interleave,
+      normalize_ahead=FOLD_NORMALIZE_AHEAD if normalize_ahead is None else normalize_ahead,
+      prefetch_at=FOLD_PREFETCH_AT if prefetch_at is None else prefetch_at)
   if v_blocks < 1 or tiles % v_blocks:
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
-  kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, block_v=tuning.block_v,
-                             k_chunk=tuning.k_chunk, v_blocks=v_blocks, prefetch=prefetch,
-                             prefetch_at=prefetch_at, interleave=interleave,
-                             normalize_ahead=normalize_ahead, compiled=not interpret)
+  kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, loop=loop,
+                             v_blocks=v_blocks, compiled=not interpret)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
   return pl.pallas_call(
@@ -243,9 +256,9 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
       name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{tuning.k_chunk}"
-           f"_vb{v_blocks}{'_il' if interleave else ''}{'_pf' if prefetch else ''}"
-           f"{'_na' if prefetch and normalize_ahead else ''}"
-           f"{'_end' if prefetch and prefetch_at == 'end' else ''}",
+           f"_vb{v_blocks}{'_il' if loop.interleave else ''}{'_pf' if loop.prefetch else ''}"
+           f"{'_na' if loop.prefetch and loop.normalize_ahead else ''}"
+           f"{'_end' if loop.prefetch and loop.prefetch_at == 'end' else ''}",
   )(*inputs.values())
 
 

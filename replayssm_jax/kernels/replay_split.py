@@ -221,14 +221,11 @@ def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, rin
 
 class StreamFold(NamedTuple):
   """How the stream kernel folds a flush row's records into its checkpoint tile first: in
-  ``[block_v, K]`` tiles held as K-chunks of ``k_chunk`` (the recurrent kernels' tuning, for
-  the bitwise tie), through `fold.fold_rows`."""
+  ``loop``'s tiles and record loop (`fold.fold_before_read`); the folding rows' programs in
+  the launch and the order the other fields say."""
 
-  block_v: int
-  k_chunk: int
-  prefetch: bool
+  loop: fold_kernels.FoldLoop
   launch: str  # one of FOLD_LAUNCHES
-  interleave: bool  # the program's tiles folded in one record loop (`STREAM_FOLD_INTERLEAVE`)
   first: bool  # launch the folding rows' programs first (`STREAM_FOLD_FIRST`)
   order: str  # how that order is computed (`LAUNCH_ORDER`)
   compiled: bool
@@ -275,11 +272,9 @@ def _stream_kernel(
     write_pos, cache_base = write_pos_ref[pos], cache_base_ref[pos]
     if fold is not None:
       fold_kernels.fold_before_read(
-          ssm_ref, ring_rawk_ref, ring_rawv_out_ref, ring_g_ref, ring_beta_ref,
-          count=fold_count_ref[pos], rows=block_v, block_v=fold.block_v,
-          compiled=fold.compiled, first_row=p.j * block_v, interleave=fold.interleave,
-          slot=slot, h=h, kh=kh, base=fold_base_ref[pos], ring_len=L, k_chunk=fold.k_chunk,
-          prefetch=fold.prefetch)
+          ssm_ref, ring_rawk_ref, ring_rawv_out_ref, ring_g_ref, ring_beta_ref, loop=fold.loop,
+          count=fold_count_ref[pos], rows=block_v, compiled=fold.compiled,
+          first_row=p.j * block_v, slot=slot, h=h, kh=kh, base=fold_base_ref[pos], ring_len=L)
 
     def chunk(c, Y):  # Y += X[:, chunk] S0[:, chunk]^T: a loop Triton software-pipelines
       ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
@@ -428,11 +423,12 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   if fold_block_v < 1 or tuning.block_v % fold_block_v:
     raise ValueError(f"the stream's block_v={tuning.block_v} must be a multiple of the fold's "
                      f"block_v={fold_block_v}.")
-  fold = StreamFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
-                    prefetch=STREAM_FOLD_PREFETCH if prefetch is None else prefetch,
+  loop = fold_kernels.FoldLoop(
+      block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
+      prefetch=STREAM_FOLD_PREFETCH if prefetch is None else prefetch,
+      interleave=STREAM_FOLD_INTERLEAVE if fold_interleave is None else fold_interleave)
+  fold = StreamFold(loop=loop,
                     launch=_choice("fold_launch", fold_launch or FOLD_LAUNCH, FOLD_LAUNCHES),
-                    interleave=(STREAM_FOLD_INTERLEAVE if fold_interleave is None
-                                else fold_interleave),
                     first=STREAM_FOLD_FIRST if fold_first is None else fold_first,
                     order=_choice("launch_order", launch_order or LAUNCH_ORDER, LAUNCH_ORDERS),
                     compiled=not interpret)

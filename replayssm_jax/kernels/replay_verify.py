@@ -52,7 +52,6 @@ holds the window as ``[T, K]`` tiles and uses tensor-core dots (T >= 2); ``"vec"
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -251,21 +250,7 @@ def _replay_verify_vec_kernel(
         ring_rawk_out_ref[slot, kh, p, :] = k_ref[row, s, kh, :]
 
 
-class KernelFold(NamedTuple):
-  """How a one-kernel verify program folds its checkpoint rows before reading them: as
-  ``[block_v, K]`` tiles held as K-chunks of ``k_chunk`` (the recurrent kernels' tuning, for
-  the bitwise tie), ``prefetch``, ``interleave``, ``normalize_ahead`` and ``prefetch_at`` as
-  `fold.fold`'s."""
-
-  block_v: int
-  k_chunk: int
-  prefetch: bool
-  interleave: bool
-  normalize_ahead: bool
-  prefetch_at: str
-
-
-# The one-kernel forms' record loop (`KernelFold`): a program's fold tiles in one loop, the next
+# The one-kernel forms' record loop (`fold.FoldLoop`): a program's fold tiles in one loop, the next
 # record loaded before the update, its k normalised where used (the fold kernel's loop of runs
 # 15-17). The fold kernel's loop since run 18 (`fold.FOLD_PREFETCH_AT`) is slower here: H200
 # (benchmarks/NOTES.md run 18), the flush step at B=1 16.9 -> 19.9 us, at B=8 33.2 -> 36.9.
@@ -278,7 +263,7 @@ ONE_KERNEL_FOLD_PREFETCH_AT = "start"
 _INPUTS, _SSM = 17, 10  # the verify kernels' inputs (slot_ids to ring_rawv); ssm's place
 
 
-def _fold_first_kernel(*refs, verify_kernel, fold: KernelFold, compiled: bool, **kw):
+def _fold_first_kernel(*refs, verify_kernel, fold: fold_kernels.FoldLoop, compiled: bool, **kw):
   """``verify_kernel`` (the UT or the vector form) on checkpoint tiles it first folds in place.
 
   ``refs``: the verify kernel's inputs, then fold_count and fold_base ``[B]`` int32, its
@@ -294,11 +279,9 @@ def _fold_first_kernel(*refs, verify_kernel, fold: KernelFold, compiled: bool, *
   slot, block_v = slot_ids_ref[row], kw["block_v"]
   fold_kernels.fold_before_read(
       ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
-      count=jnp.where(slot >= 0, fold_count_ref[row], 0), rows=block_v, block_v=fold.block_v,
-      compiled=compiled, first_row=j * block_v, interleave=fold.interleave, slot=slot, h=h,
-      kh=h // kw["gqa_ratio"], base=fold_base_ref[row], ring_len=kw["L"], k_chunk=fold.k_chunk,
-      prefetch=fold.prefetch, normalize_ahead=fold.normalize_ahead,
-      prefetch_at=fold.prefetch_at)
+      loop=fold, count=jnp.where(slot >= 0, fold_count_ref[row], 0), rows=block_v,
+      compiled=compiled, first_row=j * block_v, slot=slot, h=h, kh=h // kw["gqa_ratio"],
+      base=fold_base_ref[row], ring_len=kw["L"])
   verify_kernel(*ins[:_SSM], ssm_ref, *ins[_SSM + 1:], *outs, **kw)
 
 
@@ -339,7 +322,7 @@ def _check_inputs(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
 def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                         q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
                         fold_rows=None, *, tuning: KernelTuning, dot_precision: str,
-                        interpret: bool, form: str, fold: KernelFold | None = None):
+                        interpret: bool, form: str, fold: fold_kernels.FoldLoop | None = None):
   """The one-kernel forms; with ``fold`` (and ``fold_rows = (fold_count, fold_base)``) their
   programs fold first (`_fold_first_kernel`) and the checkpoint is returned after the
   outputs, updated in place."""
@@ -458,11 +441,11 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
           f"the {form} form's programs ({tuning.block_v} rows, {tuning.num_warps} warps) cannot "
           f"fold in tiles of {fold_tuning.block_v // fold_tuning.num_warps} rows a warp, as the "
           f"recurrent kernels' ({fold_tuning.block_v} rows, {fold_tuning.num_warps} warps).")
-    fold = KernelFold(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
-                      prefetch=ONE_KERNEL_FOLD_PREFETCH,
-                      interleave=ONE_KERNEL_FOLD_INTERLEAVE,
-                      normalize_ahead=ONE_KERNEL_FOLD_NORMALIZE_AHEAD,
-                      prefetch_at=ONE_KERNEL_FOLD_PREFETCH_AT)
+    fold = fold_kernels.FoldLoop(block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
+                                 prefetch=ONE_KERNEL_FOLD_PREFETCH,
+                                 interleave=ONE_KERNEL_FOLD_INTERLEAVE,
+                                 normalize_ahead=ONE_KERNEL_FOLD_NORMALIZE_AHEAD,
+                                 prefetch_at=ONE_KERNEL_FOLD_PREFETCH_AT)
     o, *rings, ssm = _replay_verify_call(*args, (fold_count, fold_base), tuning=tuning,
                                          dot_precision=dot_precision, interpret=interpret,
                                          form=form, fold=fold)
