@@ -156,16 +156,6 @@ def test_fold_launches_keep_the_bits(v_blocks, prefetch, interleave, ahead, at, 
              interleave=interleave, normalize_ahead=ahead, prefetch_at=at)
 
 
-def test_fold_prefetch_at_must_be_known():
-  x = make_inputs(np.random.default_rng(0), 2, 1, 1, 2, 16, 32, jnp.float32)
-  rings = ring_from_tokens(x, jnp.array([0, 1], jnp.int32), 4, np.zeros(2, np.int32),
-                           np.random.default_rng(1))
-  with pytest.raises(ValueError, match="prefetch_at='middle'; expected one of"):
-    fold.fold(x["ssm"], *rings, jnp.array([0, 1], jnp.int32), jnp.ones(2, jnp.int32),
-              jnp.zeros(2, jnp.int32), tuning=KernelTuning(block_v=16), interpret=True,
-              prefetch_at="middle")
-
-
 @pytest.mark.parametrize("launch, message", [
     (dict(v_blocks=3), "v_blocks=3 must divide the 2 tiles"),
     (dict(prefetch_at="middle"), "prefetch_at='middle'; expected one of")])
