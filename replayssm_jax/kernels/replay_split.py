@@ -67,12 +67,11 @@ COEFFICIENT_STACKED = False  # one dot over [q_hat; k_hat] (True) or one each
 # ``inline``): those of at most this many multiplies, and single rows; None: all dots. H200,
 # B=256 (benchmarks/NOTES.md run 10): 51 -> 40 us at T=4, 23 -> 18 us at T=1.
 COEFFICIENT_INLINE = 2048
-# The key history products ``X K_hist^T`` as one dot over ``[q_hat; k_hat]`` padded with zero
-# rows to `MMA_ROWS`, Triton's smallest tensor-core tile (mma.m16n8k8), or as one dot each of
-# T_pad rows, on the CUDA cores (`replay_parts.inlines`). None: the tensor cores from T = 2 on.
-# H200 (benchmarks/NOTES.md run 14): T=4, B=256 39.6 -> 33.9 us, B=512 75.2 -> 60.0, B=64 even;
-# T=1 (single rows, written out) 17.8 -> 19.5 at B=256.
-MMA_ROWS = 16
+# The key history products ``X K_hist^T`` as one tensor-core dot over ``[q_hat; k_hat]``
+# (`_key_products_mma`) or as one dot each of T_pad rows, on the CUDA cores
+# (`replay_parts.inlines`). None: the tensor cores from T = 2 on. H200 (benchmarks/NOTES.md
+# run 14): T=4, B=256 39.6 -> 33.9 us, B=512 75.2 -> 60.0, B=64 even; T=1 (single rows, written
+# out) 17.8 -> 19.5 at B=256.
 COEFFICIENT_KEY_MMA = None
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
@@ -158,16 +157,18 @@ def _coefficients_kernel(
 def _key_products_mma(win: WindowKeys, k_hist, precision):
   """``(q_hat K_hist^T, k_hat K_hist^T)``, ``[T_pad, L]`` each, from one tensor-core dot.
 
-  ``[q_hat; k_hat]`` is padded with zero rows to `MMA_ROWS` (or ``2 T_pad`` if more): each is
-  broadcast over the whole tile and selected by row, so no row moves between threads (Triton
-  has no row concatenation); the product is split back by rows.
+  The dot's rows are ``[q_hat; k_hat]``, ``2 T_pad`` of them, not padded with zero rows to
+  Triton's 16-row tensor-core tile (run 14's form): Triton pads a small dot itself, so the
+  zero rows most likely only added operand work (not profiled). H200, T=4, the kernel alone
+  (benchmarks/NOTES.md run 19): B=256 33.5 -> 30.4 us, B=512 60.0 -> 54.9, B=64 11.0 -> 10.5. Each of q_hat, k_hat is
+  broadcast over the operand and selected by row, so no row moves between threads (Triton has
+  no row concatenation); the product is split back by rows.
   """
   T_pad, K = win.q_hat.shape
-  rows = max(MMA_ROWS, 2 * T_pad)
-  spread = lambda x: jnp.broadcast_to(x[None], (rows // T_pad, T_pad, K)).reshape(rows, K)
-  r = jax.lax.broadcasted_iota(jnp.int32, (rows, 1), 0)
-  X = jnp.where(r < T_pad, spread(win.q_hat), jnp.where(r < 2 * T_pad, spread(win.k_hat), 0.0))
-  XK_q, XK_k, *_ = jnp.split(dot_nt(X, k_hist, precision), rows // T_pad, axis=0)
+  spread = lambda x: jnp.broadcast_to(x[None], (2, T_pad, K)).reshape(2 * T_pad, K)
+  r = jax.lax.broadcasted_iota(jnp.int32, (2 * T_pad, 1), 0)
+  X = jnp.where(r < T_pad, spread(win.q_hat), spread(win.k_hat))
+  XK_q, XK_k = jnp.split(dot_nt(X, k_hist, precision), 2, axis=0)
   return XK_q, XK_k
 
 
