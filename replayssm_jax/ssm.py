@@ -12,10 +12,10 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
   (exact replay of their committed raw records into the checkpoint), then computes
   the window outputs from checkpoint + ring history and appends the window's
   records; commit only moves cursors. With the Pallas backend the fold runs inside the replay
-  verify: in its checkpoint stream in the split form (B >= 16 windows, B >= 64 decode,
-  `FUSE_FOLD`), in the one kernel of the UT and vector forms below those sizes
-  (`FUSE_FOLD_ONE_KERNEL`); otherwise it is a kernel of its own, skipped on the device when no
-  row folds (`SKIP_IDLE_FOLD`).
+  verify: in its checkpoint stream in the split form (windows of 16 to 255 rows, decode from
+  64, `FUSE_FOLD_BELOW`), in the one kernel of the UT and vector forms below those sizes
+  (`FUSE_FOLD_ONE_KERNEL`); otherwise (windows from 256 rows) it is a kernel of its own,
+  skipped on the device when no row folds (`SKIP_IDLE_FOLD`).
   With `SpecConfig.fold_together`, the rows of a step that folds also fold along when they
   hold that many records, which keeps rows in phase (exact all the same).
 
@@ -82,17 +82,18 @@ _jit = functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("c
 # Whether a step whose rows all have nothing to fold skips the fold kernel (`lax.cond`, on the
 # device). H200 measurements in benchmarks/NOTES.md run 7.
 SKIP_IDLE_FOLD = True
-# Whether the Pallas split replay verify folds the flush rows in its stream kernel, where the
-# checkpoint is read anyway (`replay_verify.fold_and_replay_verify`), in place of a separate
-# fold launch before it. H200, B=256 (benchmarks/NOTES.md run 9): the mixed-phase step 446 ->
-# 392 us and an all-flush step 766 -> 714, but a step in which no row folds 210 -> 231 (the
-# fold's code costs the stream occupancy) and the decode cycle 213 -> 214. Skipping the fused
-# stream for such steps with a `lax.cond` made XLA copy the rings, so there is no skip; the
-# folding rows in a launch of their own (`replay_split.FOLD_LAUNCH`) lose under real traffic.
-# Run 17, with the fold kernel at 468 us (B=256), fused against apart: a step without a fold
-# 216.5 / 193.4 us, the mixed step 369.4 / 380.9, verify traffic 312.4 / 323.0, the decode cycle
-# 206.1 / 198.9 but decode with the rows out of phase 205.5 / 225.5; B=512 mixed 714.8 / 718.0.
-FUSE_FOLD = True
+# Below which batch size the Pallas split replay verify folds the flush rows in its stream
+# kernel, where the checkpoint is read anyway (`replay_verify.fold_and_replay_verify`), in
+# place of the fold kernel before it, by kind of step ("window": T > 1, "decode": T = 1; None:
+# at every size). The fused fold's code costs the stream occupancy in every step (no fold:
+# 213 -> 190 us at B=256), and skipping the fused stream with a `lax.cond` made XLA copy the
+# rings (run 9); a fold kernel of its own needs enough folding rows to fill the GPU. H200 run
+# 19 (benchmarks/NOTES.md), fold kernel at 441 us (B=256), windows fused / apart, verify
+# traffic: B=16 35.6 / 34.6, 32 50.9 / 58.5, 64 88.7 / 96.0, 128 162.2 / 170.2, 256 311.7 /
+# 313.3, 512 605.0 / 598.9 us; the mixed step: 46.5 / 43.1, 60.5 / 68.0, 106.1 / 112.6, 191.2 /
+# 195.0, 369.6 / 361.8, 716.2 / 684.9 (B=16 left fused: 1-3 us). Decode (run 17, B=256): out of
+# phase 205.5 fused against 225.5 apart.
+FUSE_FOLD_BELOW = {"window": 256, "decode": None}
 # Whether the one-kernel replay verify forms (UT, vector: B < 16 windows, B < 64 decode) fold
 # the flush rows in their programs, in place of the fold kernel in a `lax.cond` before them.
 # H200 (benchmarks/NOTES.md run 16): the B=1 flush step 23.5 -> 20.2 us (16.4 with the UT form's
@@ -271,28 +272,42 @@ def _fold_plan(cache: ReplayCache, slot_ids, spec: SpecConfig):
   return jnp.where(folds, write_pos, 0), cache_base, cursors
 
 
+_FOLD_RINGS = ("ring_rawk", "ring_rawv", "ring_g", "ring_beta")  # what the fold reads, in order
+
+
 def _fold(cache: ReplayCache, slot_ids, count, cache_base, spec: SpecConfig,
           tuning: KernelTuning) -> ReplayCache:
   """The exact fold kernel on the rows with ``count > 0``."""
   fold = _kernel(spec, fold_kernels.fold, fold_kernels.fold_reference)
 
+  rings = {n: getattr(cache, n) for n in _FOLD_RINGS}
+
   def run_fold(ssm):
-    return fold(ssm, cache.ring_rawk, cache.ring_rawv, cache.ring_g, cache.ring_beta,
-                slot_ids, count, cache_base, tuning=tuning)
+    return fold(ssm, *rings.values(), slot_ids, count, cache_base, tuning=tuning)
 
   if spec.backend == "xla" or not SKIP_IDLE_FOLD:  # the reference loops max(count) times
     ssm = run_fold(cache.ssm)
   else:  # most steps fold no row: skip the launch, whose programs would all just exit
     ssm = jax.lax.cond(jnp.any(count > 0), run_fold, lambda ssm: ssm, cache.ssm)
-  return dataclasses.replace(cache, ssm=ssm)
+  # The replay verify writes the rings the fold reads (raw k, g, beta) in place, and its
+  # coefficients kernel does not read the checkpoint: without an order between the two, XLA
+  # copied those rings for the fold's reads (H200, the split form at B=64). Passing the rings
+  # through a barrier with the folded checkpoint makes the verify's writes wait for the fold.
+  ssm, rings = jax.lax.optimization_barrier((ssm, rings))
+  return dataclasses.replace(cache, ssm=ssm, **rings)
 
 
 def _fuses_fold(spec: SpecConfig, q, tuning: KernelTuning, replay_tuning: KernelTuning) -> bool:
   """Whether the replay verify folds the flush rows itself: the Pallas split form's stream
-  (`FUSE_FOLD`) or the one-kernel forms (`FUSE_FOLD_ONE_KERNEL`), when their programs hold
+  (`FUSE_FOLD_BELOW`) or the one-kernel forms (`FUSE_FOLD_ONE_KERNEL`), when their programs hold
   whole fold tiles."""
-  split = replay_form(q.shape[1], q.shape[0]).startswith("split")
-  return ((FUSE_FOLD if split else FUSE_FOLD_ONE_KERNEL) and spec.backend == "pallas"
+  B, T = q.shape[:2]
+  if replay_form(T, B).startswith("split"):
+    below = FUSE_FOLD_BELOW["decode" if T == 1 else "window"]
+    fuse = below is None or B < below
+  else:
+    fuse = FUSE_FOLD_ONE_KERNEL
+  return (fuse and spec.backend == "pallas"
           and replay_split.stream_fold_block_v(replay_tuning, tuning) > 0)
 
 
@@ -305,16 +320,16 @@ def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, 
   replay_tuning = _replay_tuning(cache, q, replay_tuning, spec)
   window = (q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
   verify_args = dict(tuning=replay_tuning, dot_precision=spec.dot_precision)
-  rings = tuple(getattr(cache, n) for n in replay_kernels.RING_NAMES)
+  rings_of = lambda c: tuple(getattr(c, n) for n in replay_kernels.RING_NAMES)
   if _fuses_fold(spec, q, tuning, replay_tuning):
     o, ssm, *rings = replay_kernels.fold_and_replay_verify(
-        cache.ssm, *rings, *window, count, fold_base, fold_tuning=tuning,
+        cache.ssm, *rings_of(cache), *window, count, fold_base, fold_tuning=tuning,
         interpret=interpret_mode(), **verify_args)
     cache = dataclasses.replace(cache, ssm=ssm)
-  else:
+  else:  # the rings as `_fold` returns them, which orders the verify's writes after the fold
     cache = _fold(cache, slot_ids, count, fold_base, spec, tuning)
     verify = _kernel(spec, replay_kernels.replay_verify, replay_kernels.replay_verify_reference)
-    o, *rings = verify(cache.ssm, *rings, *window, **verify_args)
+    o, *rings = verify(cache.ssm, *rings_of(cache), *window, **verify_args)
   return o, dataclasses.replace(cache, **dict(zip(replay_kernels.RING_NAMES, rings))), cursors
 
 

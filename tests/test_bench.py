@@ -48,14 +48,14 @@ def test_bench_fold_together_smoke(tmp_path):
   other = next(x for x in replay_split.FOLD_LAUNCHES if x != replay_split.FOLD_LAUNCH)
   default, first = replay_split.FOLD_LAUNCH, replay_split.STREAM_FOLD_FIRST
   order = next(x for x in replay_split.LAUNCH_ORDERS if x != replay_split.LAUNCH_ORDER)
-  one, fused = ssm.FUSE_FOLD_ONE_KERNEL, ssm.FUSE_FOLD
+  one, below = ssm.FUSE_FOLD_ONE_KERNEL, ssm.FUSE_FOLD_BELOW
   grid = next(x for x in backend.TILE_GRIDS if x != backend.TILE_GRID)
   at = next(x for x in fold.PREFETCH_ATS if x != fold.FOLD_PREFETCH_AT)
   assert kernels.main(["--tiny", "--batch", "2", "--reps", "1", "--copy-gib", "0.004",
                        "--decode-rings", "8", "--fold-together", "0.5", "--fold-launch", other,
                        "--no-fold-first" if first else "--fold-first", "--launch-order", order,
                        "--no-one-kernel-fold" if one else "--one-kernel-fold",
-                       "--no-stream-fold" if fused else "--stream-fold", "--tile-grid", grid,
+                       "--no-stream-fold", "--tile-grid", grid,
                        "--fold-prefetch-at", at, "--out", str(out)]) == 0
   result = json.loads(out.read_text())
   assert result["fold_together"] == 0.5
@@ -63,7 +63,7 @@ def test_bench_fold_together_smoke(tmp_path):
   assert result["fold_first"] is not first and replay_split.STREAM_FOLD_FIRST is first
   assert result["launch_order"] == order and replay_split.LAUNCH_ORDER != order
   assert result["one_kernel_fold"] is not one and ssm.FUSE_FOLD_ONE_KERNEL is one
-  assert result["stream_fold"] is not fused and ssm.FUSE_FOLD is fused
+  assert result["fuse_fold_below"] == dict.fromkeys(below, 0) and ssm.FUSE_FOLD_BELOW is below
   assert result["tile_grid"] == grid and backend.TILE_GRID != grid
   assert result["fold_prefetch_at"] == at and fold.FOLD_PREFETCH_AT != at
   assert {r["kernel"] for r in result["rows"]} >= {"rssm_step_mixed", "rssm_decode_spread"}

@@ -218,19 +218,28 @@ def test_fold_together_plan():
   np.testing.assert_array_equal(count, [7, 0, 0, 0, 0])
 
 
+@pytest.mark.parametrize("stream_fold", [True, False], ids=["stream_fold", "fold_kernel"])
 @pytest.mark.parametrize("T,L,decode_share", [(4, 16, 0.3), (2, 4, 0.3), (1, 2, 1.0)])
-def test_wide_batches_split_form(T, L, decode_share, backend):
+def test_wide_batches_split_form(T, L, decode_share, stream_fold, backend, monkeypatch,
+                                 request):
   """Wide batches run the Pallas replay verify's split form (`replay_form`: windows from 16
   rows, decode from 64): the same invariants through mixed decode/verify steps, most rows
-  padding (fewer slots than rows)."""
+  padding (fewer slots than rows), with the flush rows folded inside the split form's stream
+  kernel or by the fold kernel before it (`ssm.FUSE_FOLD_BELOW`)."""
+  if backend != "pallas" and not stream_fold:
+    pytest.skip("only the Pallas split form folds in its stream")
+  monkeypatch.setattr(ssm, "FUSE_FOLD_BELOW",
+                      dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if stream_fold else 0))
+  jax.clear_caches()  # the knob is read at trace time: no step traced under the other value
+  request.addfinalizer(jax.clear_caches)
   B = SPLIT_MIN_BATCH["decode" if decode_share == 1.0 else "window"]
   assert replay_form(T, B) == "split"
   rng = np.random.default_rng(T)
   pair = Pair.create(T, L, backend, rng, gdn=GDN_WIDE)
-  if backend == "pallas":  # flush rows fold inside the split form's stream kernel
+  if backend == "pallas":
     spec, V = pair.rep_spec, GDN_WIDE.head_v_dim
     assert ssm._fuses_fold(spec, jnp.zeros((B, T)), ssm.default_state_tuning(spec, V),
-                           ssm.default_replay_tuning(spec, V, T, B))
+                           ssm.default_replay_tuning(spec, V, T, B)) is stream_fold
   pair.reset(list(range(SLOTS)), rng)
   for _ in range(40 if decode_share < 1 else 12):
     chosen = rng.permutation(SLOTS)[:rng.integers(1, SLOTS + 1)]
@@ -304,13 +313,38 @@ def test_verify_twice_is_idempotent_across_a_fold():
   np.testing.assert_array_equal(ssm1, np.asarray(pair.rep.ssm))
 
 
-@pytest.mark.parametrize("mode,B", [("recurrent", 3), ("replayssm", 3), ("replayssm", 64)])
+def test_fuse_fold_below_picks_by_size(monkeypatch):
+  """The split form folds in its stream below `ssm.FUSE_FOLD_BELOW`'s size for the kind of
+  step (None: at every size); the one-kernel forms by `ssm.FUSE_FOLD_ONE_KERNEL`."""
+  monkeypatch.setattr(ssm, "FUSE_FOLD_BELOW", {"window": 256, "decode": None})
+  spec = SpecConfig(draft_tokens=4, ring_len=16, verify_mode="replayssm", backend="pallas")
+  V = GDN_WIDE.head_v_dim
+
+  def fuses(B, T):
+    return ssm._fuses_fold(spec, jnp.zeros((B, T)), ssm.default_state_tuning(spec, V),
+                           ssm.default_replay_tuning(spec, V, T, B))
+
+  assert [fuses(B, 4) for B in (16, 255, 256, 512)] == [True, True, False, False]
+  assert [fuses(B, 1) for B in (64, 256, 4096)] == [True, True, True]
+  monkeypatch.setattr(ssm, "FUSE_FOLD_ONE_KERNEL", False)
+  assert not fuses(3, 4) and fuses(16, 4)
+  assert not ssm._fuses_fold(dataclasses.replace(spec, backend="xla"), jnp.zeros((16, 4)),
+                             ssm.default_state_tuning(spec, V),
+                             ssm.default_replay_tuning(spec, V, 4, 16))
+
+
+@pytest.mark.parametrize("mode,B", [("recurrent", 3), ("replayssm", 3), ("replayssm", 64),
+                                    ("replayssm", 256)])
 def test_jitted_steps_alias_the_cache(mode, B, backend):
   """No full-buffer copy: the donated cache is aliased and temporaries stay per-row sized.
-  At B=64 the Pallas verify and decode run the split form, flush rows folding in its stream."""
+  At B=64 the Pallas verify and decode run the split form, flush rows folding in its stream;
+  at B=256 the verify folds them in the fold kernel before it (`ssm.FUSE_FOLD_BELOW`)."""
   if mode == "replayssm" and backend == "pallas" and interpret_mode():
     pytest.skip("the Pallas interpreter carries every kernel operand through an XLA while loop "
                 "and copies the read-only ones; the compiled kernels are checked on the GPU")
+  if B == 256 and backend != "pallas":
+    pytest.skip("only the Pallas verify changes its fold at this size; the XLA reference's "
+                "per-row temporaries are checked at 64 rows")
   spec = SpecConfig(draft_tokens=4, ring_len=16, verify_mode=mode, backend=backend)
   gdn = GDN if B < 64 else GDN_WIDE
   slots = 16 * B + 256  # full buffers dwarf the per-row temporaries of a step

@@ -365,9 +365,10 @@ def main(argv=None) -> int:
   p.add_argument("--launch-order", choices=replay_split.LAUNCH_ORDERS,
                  default=replay_split.LAUNCH_ORDER,
                  help="how the fold-first launch order is computed (replay_split.LAUNCH_ORDER)")
-  p.add_argument("--stream-fold", action=argparse.BooleanOptionalAction, default=ssm.FUSE_FOLD,
+  p.add_argument("--stream-fold", action=argparse.BooleanOptionalAction, default=None,
                  help="the split replay verify folds the flush rows in its checkpoint stream, "
-                      "not in a fold kernel before it (ssm.FUSE_FOLD)")
+                      "not in a fold kernel before it, at every batch size, in windows and "
+                      "decode alike (default: ssm.FUSE_FOLD_BELOW, by kind of step and size)")
   p.add_argument("--tile-grid", choices=kernel_backend.TILE_GRIDS,
                  default=kernel_backend.TILE_GRID,
                  help="the grid order of the per-row kernels (kernels.backend.TILE_GRID)")
@@ -380,6 +381,8 @@ def main(argv=None) -> int:
                  help="where the fold kernel loads the next record: before or after applying "
                       "one (kernels.fold.FOLD_PREFETCH_AT)")
   args = p.parse_args(argv)
+  fuse_fold_below = (dict(ssm.FUSE_FOLD_BELOW) if args.stream_fold is None
+                     else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
   if args.fold_together is not None and not 0 < args.fold_together <= 1:
     p.error(f"--fold-together {args.fold_together} must be a share of the ring in (0, 1].")
   start = time.monotonic()
@@ -395,7 +398,7 @@ def main(argv=None) -> int:
                 backend=args.backend, fold_together=args.fold_together,
                 fold_launch=args.fold_launch, fold_first=args.fold_first,
                 launch_order=args.launch_order, one_kernel_fold=args.one_kernel_fold,
-                stream_fold=args.stream_fold, tile_grid=args.tile_grid,
+                fuse_fold_below=fuse_fold_below, tile_grid=args.tile_grid,
                 fold_prefetch_at=args.fold_prefetch_at, rows=rows)
 
   def save():
@@ -407,7 +410,7 @@ def main(argv=None) -> int:
            (replay_split, "STREAM_FOLD_FIRST"): args.fold_first,
            (replay_split, "LAUNCH_ORDER"): args.launch_order,
            (ssm, "FUSE_FOLD_ONE_KERNEL"): args.one_kernel_fold,
-           (ssm, "FUSE_FOLD"): args.stream_fold,
+           (ssm, "FUSE_FOLD_BELOW"): fuse_fold_below,
            (kernel_backend, "TILE_GRID"): args.tile_grid,
            (fold_kernels, "FOLD_PREFETCH_AT"): args.fold_prefetch_at}
   defaults = {knob: getattr(*knob) for knob in knobs}
