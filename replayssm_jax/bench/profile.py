@@ -13,8 +13,9 @@ coefficients and stream). The stream that folds, alone: ``-k regex:'stream.*_fol
 
 Launches, in order: the replay verify at write_pos 8 (T=4: coefficients + stream), the
 replay decode at write_pos 8 (T=1), the exact fold of 12 records, and (Pallas) a whole
-`ssm.verify` step with rows in mixed phases, whose stream kernel folds a third of the rows
-(``replay_stream_T4_..._fold``; `ssm.FUSE_FOLD`).
+`ssm.verify` step with rows in mixed phases, a third of them folding: inside the stream kernel
+(``replay_stream_T4_..._fold``) below `ssm.FUSE_FOLD_BELOW`'s 256 rows, in the fold kernel
+before a plain stream from there.
 """
 
 from __future__ import annotations
