@@ -279,7 +279,6 @@ def _fold(cache: ReplayCache, slot_ids, count, cache_base, spec: SpecConfig,
           tuning: KernelTuning) -> ReplayCache:
   """The exact fold kernel on the rows with ``count > 0``."""
   fold = _kernel(spec, fold_kernels.fold, fold_kernels.fold_reference)
-
   rings = {n: getattr(cache, n) for n in _FOLD_RINGS}
 
   def run_fold(ssm):

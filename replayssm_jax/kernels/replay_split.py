@@ -160,9 +160,9 @@ def _key_products_mma(win: WindowKeys, k_hist, precision):
   The dot's rows are ``[q_hat; k_hat]``, ``2 T_pad`` of them, not padded with zero rows to
   Triton's 16-row tensor-core tile (run 14's form): Triton pads a small dot itself, so the
   zero rows most likely only added operand work (not profiled). H200, T=4, the kernel alone
-  (benchmarks/NOTES.md run 19): B=256 33.5 -> 30.4 us, B=512 60.0 -> 54.9, B=64 11.0 -> 10.5. Each of q_hat, k_hat is
-  broadcast over the operand and selected by row, so no row moves between threads (Triton has
-  no row concatenation); the product is split back by rows.
+  (benchmarks/NOTES.md run 19): B=256 33.5 -> 30.4 us, B=512 60.0 -> 54.9, B=64 11.0 -> 10.5.
+  Each of q_hat, k_hat is broadcast over the operand and selected by row, so no row moves
+  between threads (Triton has no row concatenation); the product is split back by rows.
   """
   T_pad, K = win.q_hat.shape
   spread = lambda x: jnp.broadcast_to(x[None], (2, T_pad, K)).reshape(2 * T_pad, K)
