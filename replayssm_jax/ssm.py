@@ -272,14 +272,11 @@ def _fold_plan(cache: ReplayCache, slot_ids, spec: SpecConfig):
   return jnp.where(folds, write_pos, 0), cache_base, cursors
 
 
-_FOLD_RINGS = ("ring_rawk", "ring_rawv", "ring_g", "ring_beta")  # what the fold reads, in order
-
-
 def _fold(cache: ReplayCache, slot_ids, count, cache_base, spec: SpecConfig,
           tuning: KernelTuning) -> ReplayCache:
   """The exact fold kernel on the rows with ``count > 0``."""
   fold = _kernel(spec, fold_kernels.fold, fold_kernels.fold_reference)
-  rings = {n: getattr(cache, n) for n in _FOLD_RINGS}
+  rings = {n: getattr(cache, n) for n in fold_kernels.RING_NAMES}
 
   def run_fold(ssm):
     return fold(ssm, *rings.values(), slot_ids, count, cache_base, tuning=tuning)

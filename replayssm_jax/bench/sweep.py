@@ -117,10 +117,7 @@ def _fold_case(gdn, B, rng, kern, tuning, n_fold):
   by the replay verify (the real writer of g and beta), and the recurrent verify's state after
   the same tokens, which their fold must equal bitwise. ``rings``: the fold's four."""
   S0, rings, count, base, expected = _fold_case_rings(gdn, B, rng, kern, tuning, n_fold)
-  return S0, tuple(rings[n] for n in FOLD_RINGS), count, base, expected
-
-
-FOLD_RINGS = ("ring_rawk", "ring_rawv", "ring_g", "ring_beta")
+  return S0, tuple(rings[n] for n in fold_kernels.RING_NAMES), count, base, expected
 
 
 def _fold_case_rings(gdn, B, rng, kern, tuning, n_fold):
@@ -254,8 +251,9 @@ def _sweep_stream_fold(gdn, B, reps, n_fold, T, stream):
 
   def apart(c):
     ssm, rs = c
-    return verify(kern.fold(ssm, *(rs[n] for n in FOLD_RINGS), slot_ids, count, base,
-                            tuning=tuning), rs)
+    folded = kern.fold(ssm, *(rs[n] for n in fold_kernels.RING_NAMES), slot_ids, count, base,
+                       tuning=tuning)
+    return verify(folded, rs)
 
   apart_t, _ = time_calls(jax.jit(apart, donate_argnums=0), fresh(), reps=reps)
   plain_t, _ = time_calls(jax.jit(lambda c: verify(*c), donate_argnums=0), fresh(), reps=reps)

@@ -46,6 +46,8 @@ FOLD_INTERLEAVE = False
 FOLD_NORMALIZE_AHEAD = True
 PREFETCH_ATS = ("start", "end")
 FOLD_PREFETCH_AT = "end"
+# The cache rings `fold` reads, in the order of its arguments.
+RING_NAMES = ("ring_rawk", "ring_rawv", "ring_g", "ring_beta")
 
 
 class FoldLoop(NamedTuple):
