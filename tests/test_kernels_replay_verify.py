@@ -305,6 +305,39 @@ def test_split_variants(c: Case, variant, interpret):
       np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
 
 
+KEY_SPLIT_CASES = [
+    dataclasses.replace(CASES[0], ring="bfloat16", precision="ieee",
+                        why="fp32 activations (fp32 outputs) against a bf16 key ring"),
+    dataclasses.replace(CASES[7], act="float32", precision="ieee", why="T=8, a long bf16 ring")]
+
+
+@pytest.mark.parametrize("c", KEY_SPLIT_CASES, ids=[c.id for c in KEY_SPLIT_CASES])
+def test_key_split_is_finer_than_tf32(c: Case, interpret):
+  """The key products as two bf16 dots over the split ``[q_hat; k_hat] = hi + lo``
+  (``coefficient_key_split``) against exact fp32 dots, every other dot exact: within 1e-5,
+  which a tf32 dot (rounding X to 2^-11) or the ``hi`` part alone (2^-8) would not meet (alone
+  it gave 6e-4 to 9e-4 here); the records bitwise but for the window's d's. A fp32 key ring
+  has no split."""
+  inp = make_inputs(c)
+  valid = np.asarray(inp["slot_ids"]) >= 0
+  exact, split = (replay_split.replay_verify_split(
+      **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision="ieee", interpret=interpret,
+      coefficient_key_split=s) for s in (False, True))
+  f32 = lambda x: np.nan_to_num(np.asarray(x, np.float32))
+  assert rel_err(f32(split[0][valid]), f32(exact[0][valid])) <= 1e-5
+  for name, x, y in zip(RING_NAMES, exact[1:], split[1:]):
+    if name == "ring_d":
+      np.testing.assert_array_equal(np.isnan(f32(x)), np.isnan(f32(y)))
+      assert rel_err(f32(y), f32(x)) <= 1e-5, name
+    else:
+      np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+  fp32_ring = make_inputs(dataclasses.replace(c, ring="float32"))
+  with pytest.raises(ValueError, match="coefficient_key_split=True needs"):
+    replay_split.replay_verify_split(**fp32_ring, tuning=KernelTuning(block_v=c.block_v),
+                                     dot_precision="ieee", interpret=interpret,
+                                     coefficient_key_split=True)
+
+
 def _flush_some_rows(inp, c: Case):
   """Cursors of a step in which the rows with a full ring (write_pos L - T) fold their history
   first: per row the records to fold, their first ring index, and the cursors the window then

@@ -73,6 +73,12 @@ COEFFICIENT_INLINE = 2048
 # run 14): T=4, B=256 39.6 -> 33.9 us, B=512 75.2 -> 60.0, B=64 even; T=1 (single rows, written
 # out) 17.8 -> 19.5 at B=256.
 COEFFICIENT_KEY_MMA = None
+# That dot against a bf16 key history as two bf16 dots, ``[q_hat; k_hat]`` split in two bf16
+# parts against the records as loaded (`_key_products_mma`), or one tf32 dot. H200, T=4
+# (benchmarks/NOTES.md run 20): 8% fewer instructions, but 160 registers a thread against
+# 128, 12 programs an SM against 16: B=256 30.2 -> 31.6 us, B=512 54.8 -> 56.3, B=64 10.5 ->
+# 10.1. Off.
+COEFFICIENT_KEY_SPLIT = False
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -90,7 +96,7 @@ def _coefficients_kernel(
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
     *, T: int, L: int, gqa_ratio: int, key_heads: int, stacked: bool, inline: int | None,
-    key_mma: bool, scale: float, precision_k, precision_t):
+    key_mma: bool, key_split: bool, scale: float, precision_k, precision_t):
   """One program per (row, ``key_heads`` key heads): per key head the key-side products once,
   then each of its value heads."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
@@ -103,13 +109,14 @@ def _coefficients_kernel(
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
     win = load_keys(q_ref, k_ref, row, kh, T, scale)
     valid, _ = history_mask(write_pos, cache_base, L)
-    k_hist = masked(ring_k_ref[slot, kh, :, :], valid)
+    ring_rows = ring_k_ref[slot, kh, :, :]  # [L, K] ring dtype
+    k_hist = None if key_mma else masked(ring_rows, valid)
     # [T_pad, L] and [T_pad, T_pad] products of q_hat and k_hat. Stacked: one dot over
     # [q_hat; k_hat] (`WindowKeys.X`), split in two; else one dot each, no stacking and
     # splitting of tiles through shared memory.
     X = win.X if stacked else None
     if key_mma:
-      XK_q, XK_k = _key_products_mma(win, k_hist, precision_k)
+      XK_q, XK_k = _key_products_mma(win, ring_rows, valid, precision_k, split=key_split)
     elif stacked:
       XK_q, XK_k = jnp.split(dot_nt(X, k_hist, precision_k, inline), 2, axis=0)
     else:
@@ -119,6 +126,20 @@ def _coefficients_kernel(
     else:
       qk, kk = (dot_nt(x, win.k_hat, precision_t, inline) for x in (win.q_hat, win.k_hat))
     phys = ((cache_base + write_pos + win.tok) & (L - 1))[:, None]  # [T_pad, 1]
+
+    # The stream's X and the window's key records first: q_hat, k_hat and raw k are then
+    # dead during the value heads (stores keep their order, so stored last they stayed
+    # live). H200, B=256 (benchmarks/NOTES.md run 20): 30.2 -> 28.7 us; the same bits.
+    if stacked:
+      x_ref[row, kh, :, :] = X
+    else:
+      x_ref[row, kh, pl.ds(0, T_pad), :] = win.q_hat
+      x_ref[row, kh, pl.ds(T_pad, T_pad), :] = win.k_hat
+    K = k_ref.shape[-1]
+    cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
+    mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
+    store_rows(ring_k_out_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
+    store_rows(ring_rawk_out_ref, (slot, kh, phys, cols_k), win.k_raw, mask_k)
 
     for i in range(gqa_ratio):  # the value heads of this key head
       h = kh * gqa_ratio + i
@@ -137,38 +158,42 @@ def _coefficients_kernel(
       store_rows(ring_g_out_ref, (slot, h, phys[:, 0]), gates.g, win.in_window)
       store_rows(ring_beta_out_ref, (slot, h, phys[:, 0]), gates.beta, win.in_window)
 
-    if stacked:
-      x_ref[row, kh, :, :] = X
-    else:
-      x_ref[row, kh, pl.ds(0, T_pad), :] = win.q_hat
-      x_ref[row, kh, pl.ds(T_pad, T_pad), :] = win.k_hat
-    K = k_ref.shape[-1]
-    cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
-    mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
-    store_rows(ring_k_out_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
-    store_rows(ring_rawk_out_ref, (slot, kh, phys, cols_k), win.k_raw, mask_k)
-
   @pl.when(slot >= 0)  # padding rows: the stream kernel reads none of this
   def _coefficients():
     for j in range(key_heads):  # independent chains, interleaved by the compiler
       key_head(first_kh + j)
 
 
-def _key_products_mma(win: WindowKeys, k_hist, precision):
+def _key_products_mma(win: WindowKeys, ring_rows, valid, precision, *, split: bool):
   """``(q_hat K_hist^T, k_hat K_hist^T)``, ``[T_pad, L]`` each, from one tensor-core dot.
 
-  The dot's rows are ``[q_hat; k_hat]``, ``2 T_pad`` of them, not padded with zero rows to
-  Triton's 16-row tensor-core tile (run 14's form): Triton pads a small dot itself, so the
-  zero rows most likely only added operand work (not profiled). H200, T=4, the kernel alone
+  ``ring_rows [L, K]``: the key ring rows as stored, history where ``valid``. The dot's rows
+  are ``[q_hat; k_hat]``, ``2 T_pad`` of them, not padded with zero rows to Triton's 16-row
+  tensor-core tile (run 14's form): Triton pads a small dot itself, so the zero rows most
+  likely only added operand work (not profiled). H200, T=4, the kernel alone
   (benchmarks/NOTES.md run 19): B=256 33.5 -> 30.4 us, B=512 60.0 -> 54.9, B=64 11.0 -> 10.5.
   Each of q_hat, k_hat is broadcast over the operand and selected by row, so no row moves
   between threads (Triton has no row concatenation); the product is split back by rows.
+
+  ``split`` (a bf16 ring): ``X = hi + lo + r`` with ``hi = bf16(X)``, ``lo = bf16(X - hi)``,
+  ``|r| <= 2^-16 |X|``, and ``X K^T ~ hi K^T + lo K^T``: two bf16 dots with fp32
+  accumulation, exact products, against the bf16 records as loaded. That is finer than tf32
+  (``|r| <= 2^-11 |X|``; K, bf16, is exact in both), and it skips what a tf32 dot costs here:
+  the rounding of both operands to tf32, element by element in four instructions (run 20's
+  profile at T=4: 96 elements a thread, about 14% of the kernel's instructions).
   """
   T_pad, K = win.q_hat.shape
   spread = lambda x: jnp.broadcast_to(x[None], (2, T_pad, K)).reshape(2 * T_pad, K)
   r = jax.lax.broadcasted_iota(jnp.int32, (2 * T_pad, 1), 0)
   X = jnp.where(r < T_pad, spread(win.q_hat), spread(win.k_hat))
-  XK_q, XK_k = jnp.split(dot_nt(X, k_hist, precision), 2, axis=0)
+  if split:
+    k_hist = jnp.where(valid[:, None], ring_rows, jnp.zeros_like(ring_rows))
+    hi = X.astype(ring_rows.dtype)
+    lo = (X - hi.astype(jnp.float32)).astype(ring_rows.dtype)
+    XK = dot_nt(hi, k_hist, None) + dot_nt(lo, k_hist, None)
+  else:
+    XK = dot_nt(X, masked(ring_rows, valid), precision)
+  XK_q, XK_k = jnp.split(XK, 2, axis=0)
   return XK_q, XK_k
 
 
@@ -344,7 +369,7 @@ STREAM_FOLD_INTERLEAVE = False
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
                  "coefficient_key_heads", "coefficient_stacked", "coefficient_inline",
-                 "coefficient_key_mma")
+                 "coefficient_key_mma", "coefficient_key_split")
 
 
 @functools.partial(jax.jit, static_argnames=_SPLIT_STATIC)
@@ -355,7 +380,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
                         coefficient_stacked: bool = COEFFICIENT_STACKED,
                         coefficient_inline: int | None = COEFFICIENT_INLINE,
-                        coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA):
+                        coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
+                        coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
@@ -364,7 +390,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   as one dot over ``[q_hat; k_hat]`` when ``coefficient_stacked`` (else one each), its small
   products written out up to ``coefficient_inline`` multiplies (`replay_parts.dot`), its key
   history products on the tensor cores when ``coefficient_key_mma`` (`_key_products_mma`;
-  None: from T = 2 on), or ``"xla"``, batched XLA ops (`_coefficients_xla`).
+  None: from T = 2 on), as two bf16 dots over a bf16 key ring when ``coefficient_key_split``,
+  or ``"xla"``, batched XLA ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
   o, _, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
@@ -375,7 +402,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                        coefficient_key_heads=coefficient_key_heads,
                        coefficient_stacked=coefficient_stacked,
                        coefficient_inline=coefficient_inline,
-                       coefficient_key_mma=coefficient_key_mma)
+                       coefficient_key_mma=coefficient_key_mma,
+                       coefficient_key_split=coefficient_key_split)
   return o, *rings
 
 
@@ -394,7 +422,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
                              coefficient_stacked: bool = COEFFICIENT_STACKED,
                              coefficient_inline: int | None = COEFFICIENT_INLINE,
-                             coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA):
+                             coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
+                             coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT):
   """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
   `replay_verify_split`, with the fold inside the stream kernel.
 
@@ -441,7 +470,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          coefficient_key_heads=coefficient_key_heads,
                          coefficient_stacked=coefficient_stacked,
                          coefficient_inline=coefficient_inline,
-                         coefficient_key_mma=coefficient_key_mma)
+                         coefficient_key_mma=coefficient_key_mma,
+                         coefficient_key_split=coefficient_key_split)
   return o, ssm, *rings
 
 
@@ -465,7 +495,8 @@ def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
 def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
            fold: StreamFold | None, dot_precision: str, interpret: bool, coefficients: str,
            coefficient_warps: int, coefficient_key_heads: int, coefficient_stacked: bool,
-           coefficient_inline: int | None, coefficient_key_mma: bool | None):
+           coefficient_inline: int | None, coefficient_key_mma: bool | None,
+           coefficient_key_split: bool):
   """The coefficients, then the stream launch(es); ``fold_rows = (fold_count, fold_base)``
   with ``fold``, else None. Returns ``(o, ssm, rings)``."""
   ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv = rings
@@ -484,7 +515,7 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
       dot_precision=dot_precision, interpret=interpret, common=common,
       coefficient_warps=coefficient_warps, coefficient_key_heads=coefficient_key_heads,
       coefficient_stacked=coefficient_stacked, coefficient_inline=coefficient_inline,
-      coefficient_key_mma=coefficient_key_mma)
+      coefficient_key_mma=coefficient_key_mma, coefficient_key_split=coefficient_key_split)
 
   stream = functools.partial(_stream, v, scratch, tuning=tuning, interpret=interpret,
                              dot_precision=dot_precision, common=common)
@@ -518,7 +549,8 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
 def _coefficients(window, key_rings, cursors, *, coefficients: str, dot_precision: str,
                   interpret: bool, common: dict, coefficient_warps: int,
                   coefficient_key_heads: int, coefficient_stacked: bool,
-                  coefficient_inline: int | None, coefficient_key_mma: bool | None):
+                  coefficient_inline: int | None, coefficient_key_mma: bool | None,
+                  coefficient_key_split: bool):
   """One launch of `_coefficients_kernel` (or `_coefficients_xla`): ``(scratch, key_rings)``,
   the stream's ``(x, zh, zt, eq)`` and ``(ring_k, ring_g, ring_beta, ring_rawk)`` with the
   window's records written in place."""
@@ -531,6 +563,11 @@ def _coefficients(window, key_rings, cursors, *, coefficients: str, dot_precisio
     return _coefficients_xla(q, k, a, b, A_log, dt_bias, *key_rings, slot_ids, write_pos,
                              cache_base)
   mma = functools.partial(mma_algorithm, interpret=interpret)
+  key_mma = T > 1 if coefficient_key_mma is None else coefficient_key_mma
+  if coefficient_key_split and not (key_mma and key_rings[0].dtype == jnp.bfloat16):
+    raise ValueError(f"coefficient_key_split=True needs the key products on the tensor cores "
+                     f"and a bfloat16 key ring; got coefficient_key_mma={key_mma} and a "
+                     f"{key_rings[0].dtype} ring.")
   scratch = (jax.ShapeDtypeStruct((B, H, 2 * T_pad, K), f32),
              jax.ShapeDtypeStruct((B, HV, 2 * T_pad, L), f32),
              jax.ShapeDtypeStruct((B, HV, 3, T_pad, T_pad), f32),
@@ -539,7 +576,7 @@ def _coefficients(window, key_rings, cursors, *, coefficients: str, dot_precisio
   *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
       functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=coefficient_key_heads,
                         stacked=coefficient_stacked, inline=coefficient_inline,
-                        key_mma=T > 1 if coefficient_key_mma is None else coefficient_key_mma,
+                        key_mma=key_mma, key_split=coefficient_key_split,
                         precision_k=mma(dot_precision, K), **common),
       out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
       grid=row_grid(B, H // coefficient_key_heads),
