@@ -245,10 +245,24 @@ def test_sweep_coefficients_smoke(tmp_path):
   assert not [r for r in rows if "error" in r] and all(r["median_us"] > 0 for r in rows)
   assert {r["kernel"] for r in rows} == {"replay_verify_split_T4", "replay_verify_split_T1"}
   knobs = [{n: v for n, v in r.items() if n.startswith("coefficient_")} for r in rows]
-  expected = [x for x in sweep.SPLIT_VARIANTS
-              if kernels.TINY.num_k_heads % x.get("coefficient_key_heads", 1) == 0]
-  assert sorted(map(str, filter(None, knobs))) == sorted(map(str, 2 * expected))
+  expected = sweep.split_variants(kernels.TINY, 4) + sweep.split_variants(kernels.TINY, 1)
+  assert sorted(map(str, filter(None, knobs))) == sorted(map(str, expected))
   assert knobs.count({}) == 2  # the defaults, once per window
+
+
+def test_sweep_coefficients_knobs_and_batches(tmp_path):
+  """``--knobs`` keeps the variants that set those arguments; ``--batch`` takes several sizes,
+  each swept in turn (tiny, CPU)."""
+  from replayssm_jax.bench import sweep
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "coefficients", "--knobs", "coefficient_key_split",
+                     "--batch", "2", "3", "--reps", "1", "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  split = [(r["B"], r["kernel"][-1], r.get("coefficient_key_split")) for r in rows]
+  assert sorted(split, key=str) == sorted(
+      [(B, "4", s) for B in (2, 3) for s in (None, False, True)]
+      + [(B, "1", s) for B in (2, 3) for s in (None, False)], key=str)
 
 
 def test_profile_runs_each_kernel(capsys):

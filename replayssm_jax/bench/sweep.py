@@ -68,12 +68,23 @@ SPLIT_VARIANTS = (
     + [dict(coefficient_key_heads=n) for n in (2, 4)]  # key heads per program (1)
     + [dict(coefficient_stacked=True),  # one dot over [q_hat; k_hat] (one each)
        dict(coefficient_inline=None), dict(coefficient_inline=0),  # products written out
-       dict(coefficient_key_mma=False), dict(coefficient_key_mma=True)])  # key products' cores
+       dict(coefficient_key_mma=False), dict(coefficient_key_mma=True),  # key products' cores
+       dict(coefficient_key_split=False), dict(coefficient_key_split=True)])  # tf32 or bf16 x 2
 
 
-def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True):
+def split_variants(gdn, T: int, knobs=None) -> list[dict]:
+  """The `SPLIT_VARIANTS` that apply to ``gdn`` and a T-token window (and set one of
+  ``knobs``, if given)."""
+  return [x for x in SPLIT_VARIANTS
+          if gdn.num_k_heads % x.get("coefficient_key_heads", 1) == 0
+          and (T > 1 or not x.get("coefficient_key_split"))  # T=1: no key dot to split
+          and (knobs is None or set(x) & set(knobs))]
+
+
+def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None):
   """The replay verify per (form, tuning) (unless not ``forms``); on Pallas also the split
-  form in each of `SPLIT_VARIANTS` (its kernels' other launches) under the default tuning."""
+  form in each of `SPLIT_VARIANTS` (its kernels' other launches; those that set one of
+  ``knobs``, if given) under the default tuning."""
   rng = np.random.default_rng(0)
   spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
   x = _inputs(rng, B, T, gdn)
@@ -84,8 +95,7 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True):
   if backend == "pallas":
     stream = kern.replay_tuning(gdn.head_v_dim, T, B)
     variants += [] if forms else [("split", stream, {})]  # the defaults, to compare with
-    variants += [("split", stream, extra) for extra in SPLIT_VARIANTS
-                 if gdn.num_k_heads % extra.get("coefficient_key_heads", 1) == 0]
+    variants += [("split", stream, extra) for extra in split_variants(gdn, T, knobs)]
   for form, tuning, extra in variants:
     if tuning.block_v > gdn.head_v_dim or (backend == "triton" and (form == "vec") != (T == 1)):
       continue
@@ -294,12 +304,15 @@ FAMILIES = ("state", "fold", "stream-fold", "replay", "coefficients")
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__)
-  p.add_argument("--batch", type=int, default=256)
+  p.add_argument("--batch", type=int, nargs="+", default=[256], help="batch sizes, in turn")
   p.add_argument("--reps", type=int, default=15)
   p.add_argument("--out", default="sweep.json")
   p.add_argument("--only", nargs="+", choices=FAMILIES,
                  help="sweep these families only (coefficients: the split form's "
                       "coefficients kernel variants, without the other forms)")
+  p.add_argument("--knobs", nargs="+", metavar="NAME",
+                 help="coefficients: only the variants that set these keyword arguments of "
+                      "replay_split.replay_verify_split (e.g. coefficient_key_split)")
   p.add_argument("--backend", choices=bench.BACKENDS, default="pallas")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="stop after the row that crosses this many seconds")
@@ -310,16 +323,17 @@ def main(argv=None) -> int:
   start = time.monotonic()
   gens = []
   only = set(args.only or FAMILIES) - ({"coefficients"} if not args.only else set())
-  if "state" in only:
-    gens.append(sweep_state(gdn, args.batch, args.reps, backend=args.backend))
-  if "fold" in only and args.backend == "pallas":
-    gens.append(sweep_fold(gdn, args.batch, args.reps))
-  if "stream-fold" in only and args.backend == "pallas":
-    gens.append(sweep_stream_fold(gdn, args.batch, args.reps))
-  if "replay" in only or "coefficients" in only:
-    forms = "replay" in only
-    gens += [sweep_replay(gdn, args.batch, T, 8, args.reps, backend=args.backend, forms=forms)
-             for T in (4, 1)]
+  for B in args.batch:
+    if "state" in only:
+      gens.append(sweep_state(gdn, B, args.reps, backend=args.backend))
+    if "fold" in only and args.backend == "pallas":
+      gens.append(sweep_fold(gdn, B, args.reps))
+    if "stream-fold" in only and args.backend == "pallas":
+      gens.append(sweep_stream_fold(gdn, B, args.reps))
+    if "replay" in only or "coefficients" in only:
+      forms = "replay" in only
+      gens += [sweep_replay(gdn, B, T, 8, args.reps, backend=args.backend, forms=forms,
+                            knobs=args.knobs) for T in (4, 1)]
   for gen in gens:
     for row in gen:
       rows.append(row)
