@@ -257,6 +257,19 @@ class StreamFold(NamedTuple):
   compiled: bool
 
 
+class CoefficientLaunch(NamedTuple):
+  """How `_coefficients` computes the window's coefficients: the ``coefficients`` and
+  ``coefficient_*`` arguments of `replay_verify_split`, in one value."""
+
+  form: str  # one of COEFFICIENTS
+  warps: int
+  key_heads: int
+  stacked: bool
+  inline: int | None
+  key_mma: bool | None
+  key_split: bool
+
+
 def _stream_kernel(
     slot_ids_ref, write_pos_ref, cache_base_ref,  # [B] int32
     v_ref,  # [B, T, HV, V] activation
@@ -397,13 +410,10 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   o, _, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
                        (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base), None,
                        tuning=tuning, fold=None, dot_precision=dot_precision,
-                       interpret=interpret, coefficients=coefficients,
-                       coefficient_warps=coefficient_warps,
-                       coefficient_key_heads=coefficient_key_heads,
-                       coefficient_stacked=coefficient_stacked,
-                       coefficient_inline=coefficient_inline,
-                       coefficient_key_mma=coefficient_key_mma,
-                       coefficient_key_split=coefficient_key_split)
+                       interpret=interpret, launch=CoefficientLaunch(
+                           coefficients, coefficient_warps, coefficient_key_heads,
+                           coefficient_stacked, coefficient_inline, coefficient_key_mma,
+                           coefficient_key_split))
   return o, *rings
 
 
@@ -466,12 +476,10 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base),
                          (fold_count, fold_base), tuning=tuning, fold=fold,
                          dot_precision=dot_precision, interpret=interpret,
-                         coefficients=coefficients, coefficient_warps=coefficient_warps,
-                         coefficient_key_heads=coefficient_key_heads,
-                         coefficient_stacked=coefficient_stacked,
-                         coefficient_inline=coefficient_inline,
-                         coefficient_key_mma=coefficient_key_mma,
-                         coefficient_key_split=coefficient_key_split)
+                         launch=CoefficientLaunch(
+                             coefficients, coefficient_warps, coefficient_key_heads,
+                             coefficient_stacked, coefficient_inline, coefficient_key_mma,
+                             coefficient_key_split))
   return o, ssm, *rings
 
 
@@ -493,29 +501,24 @@ def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
 
 
 def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
-           fold: StreamFold | None, dot_precision: str, interpret: bool, coefficients: str,
-           coefficient_warps: int, coefficient_key_heads: int, coefficient_stacked: bool,
-           coefficient_inline: int | None, coefficient_key_mma: bool | None,
-           coefficient_key_split: bool):
+           fold: StreamFold | None, dot_precision: str, interpret: bool,
+           launch: CoefficientLaunch):
   """The coefficients, then the stream launch(es); ``fold_rows = (fold_count, fold_base)``
   with ``fold``, else None. Returns ``(o, ssm, rings)``."""
   ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv = rings
   q, _, v = window[:3]
   slot_ids = cursors[0]
-  _choice("coefficients", coefficients, COEFFICIENTS)
+  _choice("coefficients", launch.form, COEFFICIENTS)
   T, H = q.shape[1:3]
-  if coefficient_key_heads < 1 or H % coefficient_key_heads:
-    raise ValueError(f"coefficient_key_heads={coefficient_key_heads} must divide the {H} key heads.")
+  if launch.key_heads < 1 or H % launch.key_heads:
+    raise ValueError(f"coefficient_key_heads={launch.key_heads} must divide the {H} key heads.")
   HV, L = v.shape[2], ring_g.shape[-1]
   mma = functools.partial(mma_algorithm, interpret=interpret)
   common = dict(T=T, L=L, gqa_ratio=HV // H, precision_t=mma("ieee", T))
 
   scratch, (ring_k, ring_g, ring_beta, ring_rawk) = _coefficients(
-      window, (ring_k, ring_g, ring_beta, ring_rawk), cursors, coefficients=coefficients,
-      dot_precision=dot_precision, interpret=interpret, common=common,
-      coefficient_warps=coefficient_warps, coefficient_key_heads=coefficient_key_heads,
-      coefficient_stacked=coefficient_stacked, coefficient_inline=coefficient_inline,
-      coefficient_key_mma=coefficient_key_mma, coefficient_key_split=coefficient_key_split)
+      window, (ring_k, ring_g, ring_beta, ring_rawk), cursors, launch=launch,
+      dot_precision=dot_precision, interpret=interpret, common=common)
 
   stream = functools.partial(_stream, v, scratch, tuning=tuning, interpret=interpret,
                              dot_precision=dot_precision, common=common)
@@ -546,11 +549,8 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   return o, ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)
 
 
-def _coefficients(window, key_rings, cursors, *, coefficients: str, dot_precision: str,
-                  interpret: bool, common: dict, coefficient_warps: int,
-                  coefficient_key_heads: int, coefficient_stacked: bool,
-                  coefficient_inline: int | None, coefficient_key_mma: bool | None,
-                  coefficient_key_split: bool):
+def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_precision: str,
+                  interpret: bool, common: dict):
   """One launch of `_coefficients_kernel` (or `_coefficients_xla`): ``(scratch, key_rings)``,
   the stream's ``(x, zh, zt, eq)`` and ``(ring_k, ring_g, ring_beta, ring_rawk)`` with the
   window's records written in place."""
@@ -559,12 +559,12 @@ def _coefficients(window, key_rings, cursors, *, coefficients: str, dot_precisio
   B, T, H, K = q.shape
   HV, L = a.shape[2], common["L"]
   T_pad, f32 = next_power_of_two(T), jnp.float32
-  if coefficients == "xla":
+  if launch.form == "xla":
     return _coefficients_xla(q, k, a, b, A_log, dt_bias, *key_rings, slot_ids, write_pos,
                              cache_base)
   mma = functools.partial(mma_algorithm, interpret=interpret)
-  key_mma = T > 1 if coefficient_key_mma is None else coefficient_key_mma
-  if coefficient_key_split and not (key_mma and key_rings[0].dtype == jnp.bfloat16):
+  key_mma = T > 1 if launch.key_mma is None else launch.key_mma
+  if launch.key_split and not (key_mma and key_rings[0].dtype == jnp.bfloat16):
     raise ValueError(f"coefficient_key_split=True needs the key products on the tensor cores "
                      f"and a bfloat16 key ring; got coefficient_key_mma={key_mma} and a "
                      f"{key_rings[0].dtype} ring.")
@@ -574,15 +574,15 @@ def _coefficients(window, key_rings, cursors, *, coefficients: str, dot_precisio
              jax.ShapeDtypeStruct((B, HV, T_pad), f32))
   inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
   *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
-      functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=coefficient_key_heads,
-                        stacked=coefficient_stacked, inline=coefficient_inline,
-                        key_mma=key_mma, key_split=coefficient_key_split,
+      functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=launch.key_heads,
+                        stacked=launch.stacked, inline=launch.inline, key_mma=key_mma,
+                        key_split=launch.key_split,
                         precision_k=mma(dot_precision, K), **common),
       out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
-      grid=row_grid(B, H // coefficient_key_heads),
+      grid=row_grid(B, H // launch.key_heads),
       input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
       interpret=interpret,
-      compiler_params=KernelTuning(num_warps=coefficient_warps, num_stages=1).compiler_params(),
+      compiler_params=KernelTuning(num_warps=launch.warps, num_stages=1).compiler_params(),
       name=f"replay_coefficients_T{T}",
   )(*inputs)
   return tuple(scratch), (ring_k, ring_g, ring_beta, ring_rawk)
