@@ -76,8 +76,8 @@ COEFFICIENT_KEY_MMA = None
 # That dot against a bf16 key history as two bf16 dots, ``[q_hat; k_hat]`` split in two bf16
 # parts against the records as loaded (`_key_products_mma`), or one tf32 dot. H200, T=4
 # (benchmarks/NOTES.md run 20): 8% fewer instructions, but 160 registers a thread against
-# 128, 12 programs an SM against 16: B=256 30.2 -> 31.6 us, B=512 54.8 -> 56.3, B=64 10.5 ->
-# 10.1. Off.
+# 128, 12 programs an SM against 16: B=256 30.2 -> 31.6-31.9 us, B=512 54.8 -> 56.1-56.5,
+# B=64 10.5 -> 10.0-10.2. Off.
 COEFFICIENT_KEY_SPLIT = False
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
@@ -127,9 +127,10 @@ def _coefficients_kernel(
       qk, kk = (dot_nt(x, win.k_hat, precision_t, inline) for x in (win.q_hat, win.k_hat))
     phys = ((cache_base + write_pos + win.tok) & (L - 1))[:, None]  # [T_pad, 1]
 
-    # The stream's X and the window's key records first: q_hat, k_hat and raw k are then
-    # dead during the value heads (stores keep their order, so stored last they stayed
-    # live). H200, B=256 (benchmarks/NOTES.md run 20): 30.2 -> 28.7 us; the same bits.
+    # The stream's X and the window's key records before the value heads, which no longer
+    # keep q_hat, k_hat and raw k alive for stores after them. H200, B=256 (benchmarks/
+    # NOTES.md run 20): 30.2 -> 28.7 us, the same bits; the registers stayed at 128, so the
+    # gain is most likely the schedule (not profiled further).
     if stacked:
       x_ref[row, kh, :, :] = X
     else:
@@ -180,7 +181,8 @@ def _key_products_mma(win: WindowKeys, ring_rows, valid, precision, *, split: bo
   accumulation, exact products, against the bf16 records as loaded. That is finer than tf32
   (``|r| <= 2^-11 |X|``; K, bf16, is exact in both), and it skips what a tf32 dot costs here:
   the rounding of both operands to tf32, element by element in four instructions (run 20's
-  profile at T=4: 96 elements a thread, about 14% of the kernel's instructions).
+  profile at T=4: 96 elements a thread, about 14% of the kernel's instructions). It was
+  slower all the same: its registers cost programs an SM (`COEFFICIENT_KEY_SPLIT`).
   """
   T_pad, K = win.q_hat.shape
   spread = lambda x: jnp.broadcast_to(x[None], (2, T_pad, K)).reshape(2 * T_pad, K)
