@@ -8,10 +8,10 @@ between but the inputs' set-up, so a profiler filtered by kernel name sees only 
         python -m replayssm_jax.bench.profile --batch 256
 
 (run 8 in benchmarks/NOTES.md; ``--launch-skip 2`` passes over the warm-up call of the T=4
-coefficients and stream). Where a kernel's instructions and stalls go: export the report's SASS
-page (``ncu --import prof.ncu-rep --page source --csv --print-source sass > sass.csv``) and
-summarise it with ``python tools/ncu_sass.py sass.csv``. The stream that folds, alone: ``-k regex:'stream.*_fold'
---launch-skip 1 --launch-count 2``.
+coefficients and stream). The stream that folds, alone: ``-k regex:'stream.*_fold'
+--launch-skip 1 --launch-count 2``. Where a kernel's instructions and stalls go: export the
+report's SASS page (``ncu --import prof.ncu-rep --page source --csv --print-source sass >
+sass.csv``) and summarise it with ``python tools/ncu_sass.py sass.csv``.
 
 Launches, in order: the replay verify at write_pos 8 (T=4: coefficients + stream), the
 replay decode at write_pos 8 (T=1), the exact fold of 12 records, and (Pallas) a whole
