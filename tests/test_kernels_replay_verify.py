@@ -323,12 +323,13 @@ def test_key_split_is_finer_than_tf32(c: Case, interpret):
   exact, split = (replay_split.replay_verify_split(
       **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision="ieee", interpret=interpret,
       coefficient_key_split=s) for s in (False, True))
-  f32 = lambda x: np.nan_to_num(np.asarray(x, np.float32))
+  f32 = lambda x: np.asarray(x, np.float32)
   assert rel_err(f32(split[0][valid]), f32(exact[0][valid])) <= 1e-5
   for name, x, y in zip(RING_NAMES, exact[1:], split[1:]):
-    if name == "ring_d":
-      np.testing.assert_array_equal(np.isnan(f32(x)), np.isnan(f32(y)))
-      assert rel_err(f32(y), f32(x)) <= 1e-5, name
+    if name == "ring_d":  # the window's d's carry the key products' rounding
+      x, y = f32(x), f32(y)
+      np.testing.assert_array_equal(np.isnan(x), np.isnan(y))  # the poisoned entries
+      assert rel_err(np.nan_to_num(y), np.nan_to_num(x)) <= 1e-5, name
     else:
       np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
   fp32_ring = make_inputs(dataclasses.replace(c, ring="float32"))
