@@ -166,6 +166,10 @@ def test_sweep_candidates_are_valid_launches():
         assert min(tuning.block_v, tuning.k_chunk) >= 16, tuning
     for tuning in state:
       tuning.check(128, 128)
+  for tuning in sweep.STREAM_TUNINGS:
+    tuning.check(128, 128)
+  for bv, *_ in sweep.FOLD_TUNINGS:
+    kernels.KernelTuning(block_v=bv).check(128, 128)
   # The defaults are among the candidates, so a sweep re-measures them.
   assert kernels.KernelTuning.state_default(128) in sweep.STATE
 
@@ -212,6 +216,11 @@ def test_sweep_fold_smoke(tmp_path):
                              (1, True, True, "start"), (1, True, False, "end"),
                              (1, True, True, "end")}
   assert all(r["fold_bitwise"] is True and r["fold_us"] > 0 and r["empty_us"] > 0 for r in rows)
+  # The fold's own tile launches too, those that fit the tiny head (16 rows), in the shipped
+  # record loop and bitwise equal to the recurrent kernels at their tuning.
+  tunings = {(r["block_v"], r["num_warps"], r["num_stages"]) for r in rows
+             if r["v_blocks"] is None}
+  assert tunings == {t for t in sweep.FOLD_TUNINGS if t[0] <= 16} and tunings
 
 
 def test_sweep_stream_fold_smoke(tmp_path):

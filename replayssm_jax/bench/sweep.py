@@ -69,7 +69,17 @@ SPLIT_VARIANTS = (
     + [dict(coefficient_stacked=True),  # one dot over [q_hat; k_hat] (one each)
        dict(coefficient_inline=None), dict(coefficient_inline=0),  # products written out
        dict(coefficient_key_mma=False), dict(coefficient_key_mma=True),  # key products' cores
-       dict(coefficient_key_split=False), dict(coefficient_key_split=True)])  # tf32 or bf16 x 2
+       dict(coefficient_key_split=False), dict(coefficient_key_split=True),  # tf32 or bf16 x 2
+       dict(coefficient_loads_first=False), dict(coefficient_loads_first=True)])  # load order
+
+
+# Launches of the split form's checkpoint stream beside the default (`KernelTuning.
+# replay_default`): tile height, warps, K-step and pipeline stages. Shared memory holds
+# ``num_stages`` K-steps of the tile, which caps the programs an SM (64 KB at the default: 3).
+STREAM_TUNINGS = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=st)
+                  for bv, w, kc, st in [(128, 4, 32, 3), (128, 4, 32, 2), (128, 8, 64, 2),
+                                        (128, 4, 128, 1), (64, 4, 64, 2), (64, 2, 64, 2),
+                                        (64, 4, 32, 3), (64, 2, 32, 2)]]
 
 
 def split_variants(gdn, T: int, knobs=None) -> list[dict]:
@@ -81,10 +91,12 @@ def split_variants(gdn, T: int, knobs=None) -> list[dict]:
           and (knobs is None or set(x) & set(knobs))]
 
 
-def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None):
+def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
+                 streams=False):
   """The replay verify per (form, tuning) (unless not ``forms``); on Pallas also the split
   form in each of `SPLIT_VARIANTS` (its kernels' other launches; those that set one of
-  ``knobs``, if given) under the default tuning."""
+  ``knobs``, if given) under the default tuning, or, with ``streams``, at each of the stream
+  launches `STREAM_TUNINGS` instead."""
   rng = np.random.default_rng(0)
   spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
   x = _inputs(rng, B, T, gdn)
@@ -95,7 +107,10 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None):
   if backend == "pallas":
     stream = kern.replay_tuning(gdn.head_v_dim, T, B)
     variants += [] if forms else [("split", stream, {})]  # the defaults, to compare with
-    variants += [("split", stream, extra) for extra in split_variants(gdn, T, knobs)]
+    if streams:
+      variants += [("split", t, {}) for t in STREAM_TUNINGS if t != stream]
+    else:
+      variants += [("split", stream, extra) for extra in split_variants(gdn, T, knobs)]
   for form, tuning, extra in variants:
     if tuning.block_v > gdn.head_v_dim or (backend == "triton" and (form == "vec") != (T == 1)):
       continue
@@ -189,27 +204,45 @@ FOLD_LAUNCHES = [(vb, pf, il, na, at) for vb in (1, 2, 4)
                  for at in (fold_kernels.PREFETCH_ATS if pf else ("start",))]
 
 
-def sweep_fold(gdn, B, reps, n_fold=12):
-  """The Pallas fold per launch (`FOLD_LAUNCHES`) at the default tuning: ``n_fold`` records,
-  and no record (every row's count 0: the launch alone), each checked bitwise."""
+# Fold launches at other tile heights, warps and pipeline stages than the recurrent kernels'
+# (the state tuning), with its K-chunks: the rows are independent and each warp lays K out as
+# the recurrent kernels' warps do, so each may fold to the same bits; `sweep_fold` checks it.
+FOLD_TUNINGS = [(bv, w, st) for bv, w, st in [(32, 2, 1), (32, 2, 3), (16, 2, 2), (16, 1, 2),
+                                                (32, 1, 2), (64, 2, 2), (64, 4, 2)]]
+
+
+def sweep_fold(gdn, B, reps, n_fold=12, launches=True):
+  """The Pallas fold per launch (`FOLD_LAUNCHES`, unless not ``launches``) at the default
+  tuning, then at each of `FOLD_TUNINGS` in the default launch: ``n_fold`` records, and no
+  record (every row's count 0: the launch alone), each checked bitwise against the recurrent
+  verify at the default tuning."""
   rng = np.random.default_rng(2)
   kern = bench.kernels_for("pallas")
   tuning = kern.state_tuning(gdn.head_v_dim)
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   S0, rings, count, base, expected = _fold_case(gdn, B, rng, kern, tuning, n_fold)
   nbytes = Bytes(gdn, 4)
-  for v_blocks, prefetch, interleave, ahead, at in FOLD_LAUNCHES:
-    if v_blocks > gdn.head_v_dim // tuning.block_v:
-      continue
-    fold = jax.jit(lambda s, n, vb=v_blocks, pf=prefetch, il=interleave, na=ahead, at=at:
-                   fold_kernels.fold(s, *rings, slot_ids, n, base, tuning=tuning,
-                                     interpret=interpret_mode(), v_blocks=vb, prefetch=pf,
-                                     interleave=il, normalize_ahead=na, prefetch_at=at),
+  shipped = dict(v_blocks=None, prefetch=None, interleave=None, normalize_ahead=None,
+                 prefetch_at=None)
+  cases = [(tuning, dict(v_blocks=vb, prefetch=pf, interleave=il, normalize_ahead=na,
+                         prefetch_at=at))
+           for vb, pf, il, na, at in (FOLD_LAUNCHES if launches else [])
+           if vb <= gdn.head_v_dim // tuning.block_v]
+  cases += [] if launches else [(tuning, shipped)]  # the shipped launch, to compare with
+  cases += [(dataclasses.replace(tuning, block_v=bv, num_warps=w, num_stages=st), shipped)
+            for bv, w, st in FOLD_TUNINGS if bv <= gdn.head_v_dim]
+  for launch_tuning, launch in cases:
+    fold = jax.jit(lambda s, n, t=launch_tuning, kw=launch: fold_kernels.fold(
+        s, *rings, slot_ids, n, base, tuning=t, interpret=interpret_mode(), **kw),
                    donate_argnums=0)
-    folded = fold(S0 + 0, count)
-    row = dict(kernel="exact_fold", B=B, n_fold=n_fold, v_blocks=v_blocks, prefetch=prefetch,
-               interleave=interleave, normalize_ahead=ahead, prefetch_at=at,
-               fold_bitwise=bool(jnp.array_equal(folded, expected)))
+    try:
+      folded = fold(S0 + 0, count)
+    except Exception as e:  # a launch shape Triton rejects (registers, shared memory)
+      yield dict(kernel="exact_fold", B=B, **dataclasses.asdict(launch_tuning), **launch,
+                 error=f"{type(e).__name__}: {str(e)[:200]}")
+      continue
+    row = dict(kernel="exact_fold", B=B, n_fold=n_fold, **dataclasses.asdict(launch_tuning),
+               **launch, fold_bitwise=bool(jnp.array_equal(folded, expected)))
     t, folded = time_calls(lambda s: fold(s, count), folded, reps=reps)
     t0, _ = time_calls(lambda s: fold(s, jnp.zeros_like(count)), folded, reps=reps)
     yield dict(row, fold_us=round(t.median_us, 1),
@@ -299,7 +332,8 @@ def _sweep_stream_fold(gdn, B, reps, n_fold, T, stream):
                kernel_us=t.by_kernel(), apart_kernel_us=apart_t.by_kernel())
 
 
-FAMILIES = ("state", "fold", "stream-fold", "replay", "coefficients")
+FAMILIES = ("state", "fold", "fold-tunings", "stream-fold", "replay", "coefficients",
+            "streams")
 
 
 def main(argv=None) -> int:
@@ -309,7 +343,8 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="sweep.json")
   p.add_argument("--only", nargs="+", choices=FAMILIES,
                  help="sweep these families only (coefficients: the split form's "
-                      "coefficients kernel variants, without the other forms)")
+                      "coefficients kernel variants, without the other forms; streams: its "
+                      "stream's launches; fold-tunings: the fold's tile launches alone)")
   p.add_argument("--knobs", nargs="+", metavar="NAME",
                  help="coefficients: only the variants that set these keyword arguments of "
                       "replay_split.replay_verify_split (e.g. coefficient_key_split)")
@@ -322,18 +357,20 @@ def main(argv=None) -> int:
   rows = []
   start = time.monotonic()
   gens = []
-  only = set(args.only or FAMILIES) - ({"coefficients"} if not args.only else set())
+  only = set(args.only or FAMILIES) - ({"coefficients", "streams"} if not args.only else set())
   for B in args.batch:
     if "state" in only:
       gens.append(sweep_state(gdn, B, args.reps, backend=args.backend))
-    if "fold" in only and args.backend == "pallas":
-      gens.append(sweep_fold(gdn, B, args.reps))
+    if ("fold" in only or "fold-tunings" in only) and args.backend == "pallas":
+      gens.append(sweep_fold(gdn, B, args.reps, launches="fold" in only))
     if "stream-fold" in only and args.backend == "pallas":
       gens.append(sweep_stream_fold(gdn, B, args.reps))
     if "replay" in only or "coefficients" in only:
       forms = "replay" in only
       gens += [sweep_replay(gdn, B, T, 8, args.reps, backend=args.backend, forms=forms,
                             knobs=args.knobs) for T in (4, 1)]
+    if "streams" in only and args.backend == "pallas":
+      gens.append(sweep_replay(gdn, B, 4, 8, args.reps, forms=False, streams=True))
   for gen in gens:
     for row in gen:
       rows.append(row)
