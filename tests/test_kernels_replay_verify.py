@@ -339,6 +339,19 @@ def test_key_split_is_finer_than_tf32(c: Case, interpret):
                                      coefficient_key_split=True)
 
 
+@pytest.mark.parametrize("c", [CASES[0], CASES[7]], ids=[CASES[0].id, CASES[7].id])
+def test_coefficient_loads_first_same_bits(c: Case, interpret):
+  """The coefficients kernel with every load issued first (``coefficient_loads_first``) moves
+  only its loads: the outputs and every ring bitwise those of the default order, NaN-poisoned
+  entries included."""
+  inp = make_inputs(c)
+  default, first = (replay_split.replay_verify_split(
+      **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
+      interpret=interpret, coefficient_loads_first=f) for f in (False, True))
+  for name, x, y in zip(("o", *RING_NAMES), default, first):
+    np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
+
+
 def _flush_some_rows(inp, c: Case):
   """Cursors of a step in which the rows with a full ring (write_pos L - T) fold their history
   first: per row the records to fold, their first ring index, and the cursors the window then

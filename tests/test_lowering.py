@@ -82,8 +82,10 @@ def test_replay_verify_lowers(T, form):
 @pytest.mark.parametrize("variant", [dict(coefficient_stacked=True),
                                      dict(coefficient_key_mma=True),
                                      dict(coefficient_key_mma=False),
-                                     dict(coefficient_key_mma=True, coefficient_key_split=True)],
-                         ids=["stacked", "tensor_core_keys", "cuda_core_keys", "split_keys"])
+                                     dict(coefficient_key_mma=True, coefficient_key_split=True),
+                                     dict(coefficient_loads_first=True)],
+                         ids=["stacked", "tensor_core_keys", "cuda_core_keys", "split_keys",
+                              "loads_first"])
 @pytest.mark.parametrize("T", [1, 3, 4, 16])
 def test_split_variants_lower(T, variant):
   lower(functools.partial(replay_split.replay_verify_split, tuning=KernelTuning.replay_default(V, T),

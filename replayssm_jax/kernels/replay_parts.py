@@ -177,7 +177,24 @@ def load_keys(q_ref, k_ref, row, kh, T: int, scale: float) -> WindowKeys:
   tok, src = _window_tokens(T)
   in_window = tok < T
   k_raw = k_ref[row, src, kh, :]
-  q_hat = reference.l2_normalize(q_ref[row, src, kh, :].astype(jnp.float32)) * scale
+  return _window_keys(tok, in_window, q_ref[row, src, kh, :], k_raw, scale)
+
+
+def key_inputs(q_ref, k_ref, row, kh, T: int):
+  """``(q_raw, k_raw)``, ``[T_pad, K]`` each: ``row``'s window at key head kh as stored."""
+  _, src = _window_tokens(T)
+  k_raw = k_ref[row, src, kh, :]
+  return q_ref[row, src, kh, :], k_raw
+
+
+def window_keys(q_raw, k_raw, T: int, scale: float) -> WindowKeys:
+  """`load_keys` from the raw window (`key_inputs`)."""
+  tok, _ = _window_tokens(T)
+  return _window_keys(tok, tok < T, q_raw, k_raw, scale)
+
+
+def _window_keys(tok, in_window, q_raw, k_raw, scale: float) -> WindowKeys:
+  q_hat = reference.l2_normalize(q_raw.astype(jnp.float32)) * scale
   k_hat = reference.l2_normalize(k_raw.astype(jnp.float32))
   q_hat, k_hat = (jnp.where(in_window[:, None], x, 0.0) for x in (q_hat, k_hat))
   return WindowKeys(tok, in_window, k_raw, q_hat, k_hat)
@@ -187,7 +204,22 @@ def load_gates(a_ref, b_ref, A_log, dt_bias, row, h, T: int) -> WindowGates:
   """The gates of ``row``'s window at value head h: elementwise, so bitwise those of the
   recurrent path (`recurrent.token_inputs`)."""
   tok, src = _window_tokens(T)
-  g, beta = reference.gdn_gating(a_ref[row, src, h], b_ref[row, src, h], A_log, dt_bias)
+  return _window_gates(tok, T, a_ref[row, src, h], b_ref[row, src, h], A_log, dt_bias)
+
+
+def gate_inputs(a_ref, b_ref, A_log, dt_bias, row, h, T: int):
+  """``(a, b, A_log, dt_bias)``: the inputs of ``row``'s window gates at value head h."""
+  _, src = _window_tokens(T)
+  return a_ref[row, src, h], b_ref[row, src, h], A_log, dt_bias
+
+
+def window_gates(a, b, A_log, dt_bias, T: int) -> WindowGates:
+  """`load_gates` from the gate inputs (`gate_inputs`)."""
+  return _window_gates(_window_tokens(T)[0], T, a, b, A_log, dt_bias)
+
+
+def _window_gates(tok, T: int, a, b, A_log, dt_bias) -> WindowGates:
+  g, beta = reference.gdn_gating(a, b, A_log, dt_bias)
   return WindowGates(g, beta, jnp.where(tok < T, g, 0.0), jnp.where(tok < T, beta, 0.0))
 
 

@@ -54,8 +54,9 @@ from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, row_grid, row_ids
 from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_order_pallas
 from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, history_mask,
-                                                history_weights, load_gates, load_keys, masked,
-                                                scatter_records, store_rows, tile_program,
+                                                gate_inputs, history_weights, key_inputs,
+                                                load_gates, load_keys, masked, scatter_records, store_rows,
+                                                tile_program, window_gates, window_keys,
                                                 window_solve)
 
 # Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
@@ -79,6 +80,17 @@ COEFFICIENT_KEY_MMA = None
 # 128, 12 programs an SM against 16: B=256 30.2 -> 31.6-31.9 us, B=512 54.8 -> 56.1-56.5,
 # B=64 10.5 -> 10.0-10.2. Off.
 COEFFICIENT_KEY_SPLIT = False
+# Whether every load of a program (the raw window, the key ring rows, and each value head's
+# gates and ring gates) is issued before any arithmetic, so their latencies overlap one
+# another and the key-side products instead of one round trip per value head (the same bits:
+# only the order of the loads moves). None: for decode (T = 1), and for a window while the
+# kernel has at most `LOADS_FIRST_MAX_PROGRAMS` programs. H200, 20 reps (benchmarks/NOTES.md
+# run 21): T=1 B=64 / 256 / 512 6.85 -> 6.10, 17.86 -> 16.62, 31.71 -> 28.18 us; T=4 B=64
+# (1024 programs, one wave) 10.54 -> 9.31, but B=256 28.94 -> 29.57 and B=512 52.74 -> 53.52
+# (two waves and more, where what the early loads hold most likely costs programs an SM; not
+# profiled).
+COEFFICIENT_LOADS_FIRST = None
+LOADS_FIRST_MAX_PROGRAMS = 1024
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -96,7 +108,8 @@ def _coefficients_kernel(
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
     *, T: int, L: int, gqa_ratio: int, key_heads: int, stacked: bool, inline: int | None,
-    key_mma: bool, key_split: bool, scale: float, precision_k, precision_t):
+    key_mma: bool, key_split: bool, loads_first: bool, scale: float, precision_k,
+    precision_t):
   """One program per (row, ``key_heads`` key heads): per key head the key-side products once,
   then each of its value heads."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
@@ -105,11 +118,22 @@ def _coefficients_kernel(
   slot = slot_ids_ref[row]
   T_pad = next_power_of_two(T)
 
+  def value_head_inputs(h):  # a value head's window gate inputs and its ring gates
+    return (gate_inputs(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T),
+            ring_g_ref[slot, h, :])
+
   def key_head(kh):
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
-    win = load_keys(q_ref, k_ref, row, kh, T, scale)
-    valid, _ = history_mask(write_pos, cache_base, L)
-    ring_rows = ring_k_ref[slot, kh, :, :]  # [L, K] ring dtype
+    if loads_first:  # every load of the key head and its value heads, then the arithmetic
+      raw = key_inputs(q_ref, k_ref, row, kh, T)
+      ring_rows = ring_k_ref[slot, kh, :, :]  # [L, K] ring dtype
+      heads = [value_head_inputs(kh * gqa_ratio + i) for i in range(gqa_ratio)]
+      win = window_keys(*raw, T, scale)
+      valid, _ = history_mask(write_pos, cache_base, L)
+    else:
+      win = load_keys(q_ref, k_ref, row, kh, T, scale)
+      valid, _ = history_mask(write_pos, cache_base, L)
+      ring_rows = ring_k_ref[slot, kh, :, :]
     k_hist = None if key_mma else masked(ring_rows, valid)
     # [T_pad, L] and [T_pad, T_pad] products of q_hat and k_hat. Stacked: one dot over
     # [q_hat; k_hat] (`WindowKeys.X`), split in two; else one dot each, no stacking and
@@ -144,8 +168,13 @@ def _coefficients_kernel(
 
     for i in range(gqa_ratio):  # the value heads of this key head
       h = kh * gqa_ratio + i
-      gates = load_gates(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T)
-      decay_all, w, _ = history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
+      if loads_first:
+        gate_in, g_ring = heads[i]
+        gates = window_gates(*gate_in, T)
+      else:
+        gates = load_gates(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T)
+        g_ring = ring_g_ref[slot, h, :]
+      decay_all, w, _ = history_weights(write_pos, cache_base, g_ring)
       C_q, C_k = XK_q * w[None, :], XK_k * w[None, :]
       Gamma, decay, Tinv = window_solve(gates.g_win, gates.beta_win, kk, T)
       exp_gamma = jnp.exp(Gamma)
@@ -270,6 +299,7 @@ class CoefficientLaunch(NamedTuple):
   inline: int | None
   key_mma: bool | None
   key_split: bool
+  loads_first: bool | None
 
 
 def _stream_kernel(
@@ -384,7 +414,7 @@ STREAM_FOLD_INTERLEAVE = False
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
                  "coefficient_key_heads", "coefficient_stacked", "coefficient_inline",
-                 "coefficient_key_mma", "coefficient_key_split")
+                 "coefficient_key_mma", "coefficient_key_split", "coefficient_loads_first")
 
 
 @functools.partial(jax.jit, static_argnames=_SPLIT_STATIC)
@@ -396,7 +426,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         coefficient_stacked: bool = COEFFICIENT_STACKED,
                         coefficient_inline: int | None = COEFFICIENT_INLINE,
                         coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
-                        coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT):
+                        coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT,
+                        coefficient_loads_first: bool | None = COEFFICIENT_LOADS_FIRST):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
@@ -406,7 +437,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   products written out up to ``coefficient_inline`` multiplies (`replay_parts.dot`), its key
   history products on the tensor cores when ``coefficient_key_mma`` (`_key_products_mma`;
   None: from T = 2 on), as two bf16 dots over a bf16 key ring when ``coefficient_key_split``,
-  or ``"xla"``, batched XLA ops (`_coefficients_xla`).
+  every load issued before the arithmetic when ``coefficient_loads_first`` (None: by T and
+  the programs, `COEFFICIENT_LOADS_FIRST`), or ``"xla"``, batched XLA ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
   o, _, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
@@ -415,7 +447,7 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                        interpret=interpret, launch=CoefficientLaunch(
                            coefficients, coefficient_warps, coefficient_key_heads,
                            coefficient_stacked, coefficient_inline, coefficient_key_mma,
-                           coefficient_key_split))
+                           coefficient_key_split, coefficient_loads_first))
   return o, *rings
 
 
@@ -435,7 +467,9 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficient_stacked: bool = COEFFICIENT_STACKED,
                              coefficient_inline: int | None = COEFFICIENT_INLINE,
                              coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
-                             coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT):
+                             coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT,
+                             coefficient_loads_first: bool | None = (
+                                 COEFFICIENT_LOADS_FIRST)):
   """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
   `replay_verify_split`, with the fold inside the stream kernel.
 
@@ -481,7 +515,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          launch=CoefficientLaunch(
                              coefficients, coefficient_warps, coefficient_key_heads,
                              coefficient_stacked, coefficient_inline, coefficient_key_mma,
-                             coefficient_key_split))
+                             coefficient_key_split, coefficient_loads_first))
   return o, ssm, *rings
 
 
@@ -566,6 +600,9 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
                              cache_base)
   mma = functools.partial(mma_algorithm, interpret=interpret)
   key_mma = T > 1 if launch.key_mma is None else launch.key_mma
+  programs = B * H // launch.key_heads
+  loads_first = ((T == 1 or programs <= LOADS_FIRST_MAX_PROGRAMS)
+                 if launch.loads_first is None else launch.loads_first)
   if launch.key_split and not (key_mma and key_rings[0].dtype == jnp.bfloat16):
     raise ValueError(f"coefficient_key_split=True needs the key products on the tensor cores "
                      f"and a bfloat16 key ring; got coefficient_key_mma={key_mma} and a "
@@ -578,7 +615,7 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
   *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
       functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=launch.key_heads,
                         stacked=launch.stacked, inline=launch.inline, key_mma=key_mma,
-                        key_split=launch.key_split,
+                        key_split=launch.key_split, loads_first=loads_first,
                         precision_k=mma(dot_precision, K), **common),
       out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
       grid=row_grid(B, H // launch.key_heads),
