@@ -207,8 +207,8 @@ FOLD_LAUNCHES = [(vb, pf, il, na, at) for vb in (1, 2, 4)
 # Fold launches at other tile heights, warps and pipeline stages than the recurrent kernels'
 # (the state tuning), with its K-chunks: the rows are independent and each warp lays K out as
 # the recurrent kernels' warps do, so each may fold to the same bits; `sweep_fold` checks it.
-FOLD_TUNINGS = [(bv, w, st) for bv, w, st in [(32, 2, 1), (32, 2, 3), (16, 2, 2), (16, 1, 2),
-                                                (32, 1, 2), (64, 2, 2), (64, 4, 2)]]
+# (block_v, num_warps, num_stages)
+FOLD_TUNINGS = [(32, 2, 1), (32, 2, 3), (16, 2, 2), (16, 1, 2), (32, 1, 2), (64, 2, 2), (64, 4, 2)]
 
 
 def sweep_fold(gdn, B, reps, n_fold=12, launches=True):

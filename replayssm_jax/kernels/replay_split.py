@@ -53,11 +53,11 @@ from replayssm_jax.config import next_power_of_two
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, row_grid, row_ids
 from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_order_pallas
-from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, history_mask,
-                                                gate_inputs, history_weights, key_inputs,
-                                                load_gates, load_keys, masked, scatter_records, store_rows,
-                                                tile_program, window_gates, window_keys,
-                                                window_solve)
+from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_inputs,
+                                                history_mask, history_weights, key_inputs,
+                                                load_gates, load_keys, masked, scatter_records,
+                                                store_rows, tile_program, window_gates,
+                                                window_keys, window_solve)
 
 # Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
