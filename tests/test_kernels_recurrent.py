@@ -156,9 +156,20 @@ def test_fold_launches_keep_the_bits(v_blocks, prefetch, interleave, ahead, at, 
              interleave=interleave, normalize_ahead=ahead, prefetch_at=at)
 
 
+@pytest.mark.parametrize("order, v_at_use, at", [
+    (("k", "v", "beta", "norm", "g"), False, "end"), (("g", "k", "norm", "v", "beta"), True, "end"),
+    (("k", "norm", "v", "g", "beta"), True, "start"), (("beta", "v", "g", "k", "norm"), True, "end")])
+def test_fold_record_orders_keep_the_bits(order, v_at_use, at, interpret):
+  """The order of a record's loads, and v converted where it is used, leave the bits alone."""
+  check_fold((3, 4, 2, 4, 16, 32, 8), jnp.bfloat16, interpret, normalize_ahead=True,
+             prefetch_at=at, record_order=order, v_at_use=v_at_use)
+
+
 @pytest.mark.parametrize("launch, message", [
     (dict(v_blocks=3), "v_blocks=3 must divide the 2 tiles"),
-    (dict(prefetch_at="middle"), "prefetch_at='middle'; expected one of")])
+    (dict(prefetch_at="middle"), "prefetch_at='middle'; expected one of"),
+    (dict(record_order=("norm", "k", "v", "g", "beta")), "with 'norm' after 'k'"),
+    (dict(record_order=("k", "norm", "v", "g")), "each once")])
 def test_fold_refuses_an_unknown_launch(launch, message):
   x = make_inputs(np.random.default_rng(0), 2, 1, 1, 2, 16, 32, jnp.float32)
   rings = ring_from_tokens(x, jnp.array([0, 1], jnp.int32), 4, np.zeros(2, np.int32),

@@ -46,6 +46,13 @@ FOLD_INTERLEAVE = False
 FOLD_NORMALIZE_AHEAD = True
 PREFETCH_ATS = ("start", "end")
 FOLD_PREFETCH_AT = "end"
+# The order in which a record's loads are issued (`RECORD_LOADS`: "norm" is where k is
+# normalised ahead), and whether v stays in the ring's dtype until the update uses it. H200,
+# B=256 (NOTES.md run 22): k, v, beta, then the norm and g took 463 us against the shipped
+# order's 438, the same bits; `bench.sweep --only fold-orders` times the orders.
+RECORD_LOADS = ("k", "norm", "v", "g", "beta")
+FOLD_RECORD_ORDER = RECORD_LOADS
+FOLD_V_AT_USE = False
 # The cache rings `fold` reads, in the order of its arguments.
 RING_NAMES = ("ring_rawk", "ring_rawv", "ring_g", "ring_beta")
 
@@ -57,8 +64,10 @@ class FoldLoop(NamedTuple):
   tiles (the bitwise tie); the rest is the record loop, which changes no bit: a program's tiles
   one after the other or in one loop (``interleave``), record i + 1 loaded while record i is
   applied (``prefetch``), before or after its update (``prefetch_at``, `PREFETCH_ATS`), its k
-  normalised when loaded (``normalize_ahead``) or where used. The fold kernel, the split
-  form's stream and the one-kernel verify forms each hold one.
+  normalised when loaded (``normalize_ahead``) or where used, the order of a record's loads
+  (``record_order``, a permutation of `RECORD_LOADS` with the norm after k) and whether v is
+  converted to fp32 where the update uses it (``v_at_use``). The fold kernel, the split form's
+  stream and the one-kernel verify forms each hold one.
   """
 
   block_v: int
@@ -67,12 +76,22 @@ class FoldLoop(NamedTuple):
   interleave: bool = False
   normalize_ahead: bool = False
   prefetch_at: str = "start"
+  record_order: tuple[str, ...] = RECORD_LOADS
+  v_at_use: bool = False
+
+
+def check_record_order(order: tuple[str, ...]) -> None:
+  """Raise unless ``order`` lists each of `RECORD_LOADS` once, with the norm after k."""
+  if sorted(order) != sorted(RECORD_LOADS) or order.index("norm") < order.index("k"):
+    raise ValueError(f"fold: record_order={order!r} must order {RECORD_LOADS}, each once, with "
+                     f"'norm' after 'k'.")
 
 
 def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, *, slot, h, kh,
               rows: pl.Slice | tuple[pl.Slice, ...], count, base, ring_len: int, k_chunk: int,
               prefetch: bool, compiled: bool, normalize_ahead: bool = False,
-              prefetch_at: str = "start") -> None:
+              prefetch_at: str = "start", record_order: tuple[str, ...] = RECORD_LOADS,
+              v_at_use: bool = False) -> None:
   """Replay ``count`` records of (slot, value head h) into ``ssm_ref[slot, h, rows, :]`` in place.
 
   The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
@@ -82,21 +101,33 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
   Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is normalised as the
   recurrent kernels normalise it, where it is used or, with ``prefetch`` and
   ``normalize_ahead``, when it is loaded. ``prefetch_at`` (`PREFETCH_ATS`): whether record
-  i + 1 is loaded before record i's update ("start") or after it ("end").
+  i + 1 is loaded before record i's update ("start") or after it ("end"). ``record_order`` and
+  ``v_at_use``: as `FoldLoop`'s.
   """
   K = ssm_ref.shape[-1]
   tiles = rows if isinstance(rows, tuple) else (rows,)
   normalize = functools.partial(tile.l2_normalize, compiled=compiled)
 
-  def record(i):  # the inputs of record i
+  check_record_order(record_order)
+  v_dtype = ring_rawv_ref.dtype if v_at_use else jnp.float32
+
+  def record(i):  # the inputs of record i, loaded in `record_order`
     p = (base + i) & (ring_len - 1)
-    k = tile.load(ring_rawk_ref, (slot, kh, p), K, k_chunk)
-    return (normalize(k) if normalize_ahead else k,
-            tuple(ring_rawv_ref[slot, h, p, r].astype(jnp.float32) for r in tiles),
-            ring_g_ref[slot, h, p], ring_beta_ref[slot, h, p])
+    loads = {
+        "k": lambda x: tile.load(ring_rawk_ref, (slot, kh, p), K, k_chunk),
+        "norm": lambda x: normalize(x["k"]) if normalize_ahead else x["k"],
+        "v": lambda x: tuple(ring_rawv_ref[slot, h, p, r].astype(v_dtype) for r in tiles),
+        "g": lambda x: ring_g_ref[slot, h, p],
+        "beta": lambda x: ring_beta_ref[slot, h, p]}
+    x = {}
+    for name in record_order:
+      x["k" if name == "norm" else name] = loads[name](x)
+    return x["k"], x["v"], x["g"], x["beta"]
 
   def update(S, rec):
     k, v, g, beta = rec
+    if v_at_use:
+      v = tuple(v_t.astype(jnp.float32) for v_t in v)
     k_hat = k if normalize_ahead else normalize(k)
     return tuple(tile.delta_rule_step(S_t, k_hat, v_t, g, beta, compiled=compiled)[0]
                  for S_t, v_t in zip(S, v))
@@ -129,7 +160,7 @@ def fold_tiles(ssm_ref, *rings, loop: FoldLoop, first_row, tiles: int, **kw) -> 
   ``loop``'s record loop. ``rings``: rawk, rawv, g, beta; ``kw``: the rest of `fold_rows`'s
   arguments (slot, h, kh, count, base, ring_len, compiled)."""
   kw.update(k_chunk=loop.k_chunk, prefetch=loop.prefetch, normalize_ahead=loop.normalize_ahead,
-            prefetch_at=loop.prefetch_at)
+            prefetch_at=loop.prefetch_at, record_order=loop.record_order, v_at_use=loop.v_at_use)
   tile_rows = lambda t: pl.ds(first_row + t * loop.block_v, loop.block_v)
   if loop.interleave:
     fold_rows(ssm_ref, *rings, rows=tuple(tile_rows(t) for t in range(tiles)), **kw)
@@ -203,11 +234,13 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch",
-                                             "interleave", "normalize_ahead", "prefetch_at"))
+                                             "interleave", "normalize_ahead", "prefetch_at",
+                                             "record_order", "v_at_use"))
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
          tuning: KernelTuning, interpret: bool, v_blocks: int | None = None,
          prefetch: bool | None = None, interleave: bool | None = None,
-         normalize_ahead: bool | None = None, prefetch_at: str | None = None):
+         normalize_ahead: bool | None = None, prefetch_at: str | None = None,
+         record_order: tuple[str, ...] | None = None, v_at_use: bool | None = None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
@@ -227,6 +260,10 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       ``i`` (default `FOLD_NORMALIZE_AHEAD`).
     prefetch_at: with ``prefetch``, issue those loads before record ``i``'s update ("start")
       or after it ("end"; default `FOLD_PREFETCH_AT`).
+    record_order: the order of a record's loads, a permutation of `RECORD_LOADS` with "norm"
+      (k normalised ahead) after "k" (default `FOLD_RECORD_ORDER`).
+    v_at_use: keep v in the ring's dtype until the update converts it (default
+      `FOLD_V_AT_USE`).
     None changes the arithmetic: every launch folds to the same bits.
 
   Returns:
@@ -242,7 +279,9 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       prefetch=FOLD_PREFETCH if prefetch is None else prefetch,
       interleave=FOLD_INTERLEAVE if interleave is None else interleave,
       normalize_ahead=FOLD_NORMALIZE_AHEAD if normalize_ahead is None else normalize_ahead,
-      prefetch_at=FOLD_PREFETCH_AT if prefetch_at is None else prefetch_at)
+      prefetch_at=FOLD_PREFETCH_AT if prefetch_at is None else prefetch_at,
+      record_order=FOLD_RECORD_ORDER if record_order is None else tuple(record_order),
+      v_at_use=FOLD_V_AT_USE if v_at_use is None else v_at_use)
   if v_blocks < 1 or tiles % v_blocks:
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
@@ -260,7 +299,9 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{tuning.k_chunk}"
            f"_vb{v_blocks}{'_il' if loop.interleave else ''}{'_pf' if loop.prefetch else ''}"
            f"{'_na' if loop.prefetch and loop.normalize_ahead else ''}"
-           f"{'_end' if loop.prefetch and loop.prefetch_at == 'end' else ''}",
+           f"{'_end' if loop.prefetch and loop.prefetch_at == 'end' else ''}"
+           f"{'' if loop.record_order == RECORD_LOADS else '_' + '-'.join(loop.record_order)}"
+           f"{'_vuse' if loop.v_at_use else ''}",
   )(*inputs.values())
 
 
