@@ -223,6 +223,20 @@ def test_sweep_fold_smoke(tmp_path):
   assert tunings == {t for t in sweep.FOLD_TUNINGS if t[0] <= 16} and tunings
 
 
+def test_sweep_fold_orders_smoke(tmp_path):
+  """The fold-orders sweep times every order of a record's loads, v converted at its load and
+  at its use, each bitwise equal to the recurrent verify (tiny, CPU)."""
+  from replayssm_jax.bench import sweep
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "fold-orders", "--batch", "2", "--reps", "1",
+                     "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert {(tuple(r["record_order"]), r["v_at_use"]) for r in rows} == {
+      (order, at_use) for order in sweep.FOLD_RECORD_ORDERS for at_use in (False, True)}
+  assert all(r["fold_bitwise"] is True and r["fold_us"] > 0 for r in rows)
+
+
 def test_sweep_stream_fold_smoke(tmp_path):
   """The stream-fold sweep checks the fold inside the stream bitwise against the recurrent
   state and times it beside the fold kernel + verify (tiny, CPU)."""

@@ -5,7 +5,8 @@
   candidate is timed and checked for the bitwise equality the design rests on (a fold of 12
   records written by the replay verify equals the recurrent verify's state after 12 tokens).
 - The Pallas fold's own launch (V-blocks per program, one after the other or in one record
-  loop, record prefetch), with 12 records and with none, under the same bitwise check.
+  loop, record prefetch; ``--only fold-tunings``: its tiles; ``--only fold-orders``: the order
+  of a record's loads), with 12 records and with none, under the same bitwise check.
 - The fold inside the split verify's stream kernel per stream launch, fold tile height and
   record loop, under the same bitwise check, against the fold kernel followed by the split
   verify.
@@ -210,12 +211,23 @@ FOLD_LAUNCHES = [(vb, pf, il, na, at) for vb in (1, 2, 4)
 # (block_v, num_warps, num_stages)
 FOLD_TUNINGS = [(32, 2, 1), (32, 2, 3), (16, 2, 2), (16, 1, 2), (32, 1, 2), (64, 2, 2), (64, 4, 2)]
 
+# The orders of a record's loads in the shipped launch (`fold.RECORD_LOADS`), each with v in
+# fp32 from its load and in the ring's dtype until the update (`fold.fold`'s ``v_at_use``):
+# the shipped order, run 22's slower one, g first (the decay needs it first), the norm last.
+FOLD_RECORD_ORDERS = [fold_kernels.RECORD_LOADS, ("k", "v", "beta", "norm", "g"),
+                      ("g", "k", "norm", "v", "beta"), ("k", "g", "norm", "v", "beta"),
+                      ("k", "norm", "g", "v", "beta"), ("k", "v", "g", "beta", "norm"),
+                      ("k", "g", "v", "beta", "norm")]
+FOLD_FAMILIES = ("fold", "fold-tunings", "fold-orders")
 
-def sweep_fold(gdn, B, reps, n_fold=12, launches=True):
-  """The Pallas fold per launch (`FOLD_LAUNCHES`, unless not ``launches``) at the default
-  tuning, then at each of `FOLD_TUNINGS` in the default launch: ``n_fold`` records, and no
-  record (every row's count 0: the launch alone), each checked bitwise against the recurrent
-  verify at the default tuning."""
+
+def sweep_fold(gdn, B, reps, n_fold=12, family="fold"):
+  """The Pallas fold's launches of one of `FOLD_FAMILIES`: "fold", each of `FOLD_LAUNCHES`
+  at the default tuning and then each of `FOLD_TUNINGS` in the default launch;
+  "fold-tunings", the default launch and `FOLD_TUNINGS`; "fold-orders", the default launch
+  with each of `FOLD_RECORD_ORDERS`, v converted at its load and at its use. ``n_fold``
+  records, and no record (every row's count 0: the launch alone), each checked bitwise
+  against the recurrent verify at the default tuning."""
   rng = np.random.default_rng(2)
   kern = bench.kernels_for("pallas")
   tuning = kern.state_tuning(gdn.head_v_dim)
@@ -223,14 +235,18 @@ def sweep_fold(gdn, B, reps, n_fold=12, launches=True):
   S0, rings, count, base, expected = _fold_case(gdn, B, rng, kern, tuning, n_fold)
   nbytes = Bytes(gdn, 4)
   shipped = dict(v_blocks=None, prefetch=None, interleave=None, normalize_ahead=None,
-                 prefetch_at=None)
-  cases = [(tuning, dict(v_blocks=vb, prefetch=pf, interleave=il, normalize_ahead=na,
-                         prefetch_at=at))
-           for vb, pf, il, na, at in (FOLD_LAUNCHES if launches else [])
-           if vb <= gdn.head_v_dim // tuning.block_v]
-  cases += [] if launches else [(tuning, shipped)]  # the shipped launch, to compare with
-  cases += [(dataclasses.replace(tuning, block_v=bv, num_warps=w, num_stages=st), shipped)
-            for bv, w, st in FOLD_TUNINGS if bv <= gdn.head_v_dim]
+                 prefetch_at=None, record_order=None, v_at_use=None)
+  if family == "fold-orders":
+    cases = [(tuning, dict(shipped, record_order=order, v_at_use=at_use))
+             for order in FOLD_RECORD_ORDERS for at_use in (False, True)]
+  else:
+    cases = [(tuning, dict(shipped, v_blocks=vb, prefetch=pf, interleave=il, normalize_ahead=na,
+                           prefetch_at=at))
+             for vb, pf, il, na, at in (FOLD_LAUNCHES if family == "fold" else [])
+             if vb <= gdn.head_v_dim // tuning.block_v]
+    cases += [] if family == "fold" else [(tuning, shipped)]  # the shipped launch, to compare
+    cases += [(dataclasses.replace(tuning, block_v=bv, num_warps=w, num_stages=st), shipped)
+              for bv, w, st in FOLD_TUNINGS if bv <= gdn.head_v_dim]
   for launch_tuning, launch in cases:
     fold = jax.jit(lambda s, n, t=launch_tuning, kw=launch: fold_kernels.fold(
         s, *rings, slot_ids, n, base, tuning=t, interpret=interpret_mode(), **kw),
@@ -332,8 +348,7 @@ def _sweep_stream_fold(gdn, B, reps, n_fold, T, stream):
                kernel_us=t.by_kernel(), apart_kernel_us=apart_t.by_kernel())
 
 
-FAMILIES = ("state", "fold", "fold-tunings", "stream-fold", "replay", "coefficients",
-            "streams")
+FAMILIES = ("state", *FOLD_FAMILIES, "stream-fold", "replay", "coefficients", "streams")
 
 
 def main(argv=None) -> int:
@@ -344,7 +359,8 @@ def main(argv=None) -> int:
   p.add_argument("--only", nargs="+", choices=FAMILIES,
                  help="sweep these families only (coefficients: the split form's "
                       "coefficients kernel variants, without the other forms; streams: its "
-                      "stream's launches; fold-tunings: the fold's tile launches alone)")
+                      "stream's launches; fold-tunings: the fold's tile launches alone; "
+                      "fold-orders: the orders of a fold record's loads)")
   p.add_argument("--knobs", nargs="+", metavar="NAME",
                  help="coefficients: only the variants that set these keyword arguments of "
                       "replay_split.replay_verify_split (e.g. coefficient_key_split)")
@@ -357,12 +373,15 @@ def main(argv=None) -> int:
   rows = []
   start = time.monotonic()
   gens = []
-  only = set(args.only or FAMILIES) - ({"coefficients", "streams"} if not args.only else set())
+  only = set(args.only or FAMILIES) - (
+      {"coefficients", "streams", "fold-orders"} if not args.only else set())
   for B in args.batch:
     if "state" in only:
       gens.append(sweep_state(gdn, B, args.reps, backend=args.backend))
-    if ("fold" in only or "fold-tunings" in only) and args.backend == "pallas":
-      gens.append(sweep_fold(gdn, B, args.reps, launches="fold" in only))
+    if args.backend == "pallas":
+      # "fold" includes the tunings; "fold-orders" is apart
+      gens += [sweep_fold(gdn, B, args.reps, family=f) for f in FOLD_FAMILIES
+               if f in only and not (f == "fold-tunings" and "fold" in only)]
     if "stream-fold" in only and args.backend == "pallas":
       gens.append(sweep_stream_fold(gdn, B, args.reps))
     if "replay" in only or "coefficients" in only:
