@@ -157,8 +157,10 @@ def test_fold_launches_keep_the_bits(v_blocks, prefetch, interleave, ahead, at, 
 
 
 @pytest.mark.parametrize("order, v_at_use, at", [
-    (("k", "v", "beta", "norm", "g"), False, "end"), (("g", "k", "norm", "v", "beta"), True, "end"),
-    (("k", "norm", "v", "g", "beta"), True, "start"), (("beta", "v", "g", "k", "norm"), True, "end")])
+    (("k", "v", "beta", "norm", "g"), False, "end"),
+    (("g", "k", "norm", "v", "beta"), True, "end"),
+    (("k", "norm", "v", "g", "beta"), True, "start"),
+    (("beta", "v", "g", "k", "norm"), True, "end")])
 def test_fold_record_orders_keep_the_bits(order, v_at_use, at, interpret):
   """The order of a record's loads, and v converted where it is used, leave the bits alone."""
   check_fold((3, 4, 2, 4, 16, 32, 8), jnp.bfloat16, interpret, normalize_ahead=True,

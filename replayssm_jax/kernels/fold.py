@@ -285,6 +285,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   if v_blocks < 1 or tiles % v_blocks:
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
+  order_tag = "".join(n[0] for n in loop.record_order)  # kernel names take no "-"
   kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, loop=loop,
                              v_blocks=v_blocks, compiled=not interpret)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
@@ -300,7 +301,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
            f"_vb{v_blocks}{'_il' if loop.interleave else ''}{'_pf' if loop.prefetch else ''}"
            f"{'_na' if loop.prefetch and loop.normalize_ahead else ''}"
            f"{'_end' if loop.prefetch and loop.prefetch_at == 'end' else ''}"
-           f"{'' if loop.record_order == RECORD_LOADS else '_' + '-'.join(loop.record_order)}"
+           f"{'' if loop.record_order == RECORD_LOADS else '_o' + order_tag}"
            f"{'_vuse' if loop.v_at_use else ''}",
   )(*inputs.values())
 
