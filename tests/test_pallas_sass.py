@@ -1,0 +1,47 @@
+"""``tools/pallas_sass.py``: Pallas kernels lowered for an abstract H200, their Triton modules
+and launch parameters found, and (with the ``triton`` extra) compiled for sm_90a."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import pallas_sass  # noqa: E402
+
+
+def test_loops_are_the_backward_branches():
+  sass = [("0000", "MOV R1, c[0x0][0x28]"), ("0010", "FFMA R2, R3, R4, R2"),
+          ("0020", "FMUL R2, R2, R5"), ("0030", "@P0 BRA 0x10"), ("0040", "BRA 0x60"),
+          ("0050", "NOP"), ("0060", "EXIT")]
+  [loop] = pallas_sass.loops(sass)
+  assert loop["start"] == 1 and loop["size"] == 3
+  assert dict(loop["mix"]) == {"FFMA": 1, "FMUL": 1, "BRA": 1}
+
+
+@pytest.mark.parametrize("kernel, expected", [
+    ("fold", ["exact_fold_L16_bv32_w2"]),
+    ("replay_verify", ["replay_coefficients_T4", "replay_stream_T4"])])
+def test_every_pallas_call_is_captured_with_its_launch(kernel, expected):
+  fn, shapes = pallas_sass.call(kernel, 256, 4, 16, interpret=False)
+  modules = pallas_sass.triton_modules(fn, shapes)
+  names = [m["name"] for m in modules]
+  assert all(any(n.startswith(e) for n in names) for e in expected), names
+  for m in modules:
+    assert m["ttir"].startswith(f"module @{m['name']}") and "tt.func" in m["ttir"]
+    assert m["num_warps"] >= 1 and m["num_stages"] >= 1
+  fold = [m for m in modules if m["name"].startswith("exact_fold")]
+  assert all(m["num_warps"] == 2 for m in fold)  # the state tuning's (32, 2)
+
+
+def test_the_fold_compiles_for_sm90(tmp_path):
+  pytest.importorskip("triton")
+  fn, shapes = pallas_sass.call("fold", 256, 4, 16, interpret=False)
+  [module] = pallas_sass.triton_modules(fn, shapes)
+  r = pallas_sass.compile_sm90(module, tmp_path)
+  # One record loop, without spills, at about the registers the H200 profile shows (127).
+  assert 96 <= r["registers"] <= 160 and r["spill_stores"] == 0
+  [loop] = r["loops"]
+  assert dict(loop["mix"])["FFMA"] > 64  # the K-sum's and the update's multiply-adds

@@ -1,0 +1,205 @@
+"""Compile Pallas kernels for an H200 without a GPU: registers, spills and each loop's SASS.
+
+JAX lowers a Pallas call for an abstract H200 (as `tests/test_lowering.py` does) to a Triton
+module; the triton wheel (the ``triton`` extra) compiles that module for sm_90a, and its ptxas
+and cuobjdump give the registers, the spills and the SASS. On the GPU, XLA compiles the same
+module with its own Triton and ptxas, so what this prints approximates the device. The exact
+fold has 128 registers and 364 instructions a loop iteration here, 127 and 373 in run 22's
+Nsight Compute profile (`benchmarks/ncu/run22_fold_b256.txt`); the coefficients kernel (T=4,
+B=256) 127 registers and 2592 instructions, 128 and 2869 in run 20's; but the stream that folds
+128 registers here, 168 in run 18's (an older stream; not profiled since). Read it for
+registers and instruction counts, check them on the GPU; the schedule, and so the speed, needs
+the GPU.
+
+    PYTHONPATH=$PWD python tools/pallas_sass.py fold [--kw "{'v_at_use': True}"]
+    PYTHONPATH=$PWD python tools/pallas_sass.py replay_verify --T 4 --batch 256 --sass /tmp/sass
+
+Kernels (`KERNELS`): the fold, the recurrent verify and decode, the replay verify (at B >= 16
+the split form: its coefficients and stream kernels) and the split form with the fold inside
+its stream, each at the anchor geometry with the tuning the benchmarks use. ``--kw`` adds
+keyword arguments to the call, as a dict literal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import contextlib
+import functools
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractDevice, AbstractMesh
+
+from replayssm_jax.bench import kernels as bench
+from replayssm_jax.kernels import replay_split
+
+KERNELS = ("fold", "recurrent_verify", "recurrent_decode", "replay_verify", "fold_replay_verify")
+ACT = jnp.bfloat16
+
+
+def _shapes(B: int, T: int, L: int, gdn=bench.GEOMETRY) -> dict[str, jax.ShapeDtypeStruct]:
+  H, HV, K, V = gdn.num_k_heads, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
+  f32, i32 = jnp.float32, jnp.int32
+  shapes = dict(
+      ssm=((B, HV, V, K), f32), intermediate=((B, T, HV, V, K), f32),
+      ring_d=((B, HV, L, V), ACT), ring_k=((B, H, L, K), ACT), ring_g=((B, HV, L), f32),
+      ring_beta=((B, HV, L), f32), ring_rawk=((B, H, L, K), ACT), ring_rawv=((B, HV, L, V), ACT),
+      q=((B, T, H, K), ACT), k=((B, T, H, K), ACT), v=((B, T, HV, V), ACT),
+      a=((B, T, HV), ACT), b=((B, T, HV), ACT), A_log=((HV,), f32), dt_bias=((HV,), f32),
+      slot_ids=((B,), i32), write_pos=((B,), i32), cache_base=((B,), i32), count=((B,), i32))
+  return {n: jax.ShapeDtypeStruct(s, d) for n, (s, d) in shapes.items()}
+
+
+def call(kernel: str, B: int, T: int, L: int, **kw):
+  """``(fn, args)``: the kernel's call with the benchmarks' tuning and its argument shapes."""
+  kern, x = bench.kernels_for("pallas"), _shapes(B, T, L)
+  V = bench.GEOMETRY.head_v_dim
+  window = [x[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "slot_ids")]
+  if kernel == "fold":
+    return (functools.partial(kern.fold, tuning=kern.state_tuning(V), **kw),
+            [x[n] for n in ("ssm", "ring_rawk", "ring_rawv", "ring_g", "ring_beta", "slot_ids",
+                            "count", "cache_base")])
+  if kernel == "recurrent_verify":
+    return (functools.partial(kern.recurrent_verify, tuning=kern.state_tuning(V), **kw),
+            [x["ssm"], x["intermediate"], *window])
+  if kernel == "recurrent_decode":
+    one = _shapes(B, 1, L)
+    return (functools.partial(kern.recurrent_decode, tuning=kern.state_tuning(V), **kw),
+            [one[n] for n in ("ssm", "q", "k", "v", "a", "b", "A_log", "dt_bias", "slot_ids")])
+  replay = [x[n] for n in ("ssm", "ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk",
+                            "ring_rawv", "q", "k", "v", "a", "b", "A_log", "dt_bias",
+                            "slot_ids", "write_pos", "cache_base")]
+  if kernel == "replay_verify":
+    return (functools.partial(kern.replay_verify, tuning=kern.replay_tuning(V, T, B),
+                              dot_precision="default", **kw), replay)
+  if kernel == "fold_replay_verify":  # the split form's stream folding the flush rows first
+    return (functools.partial(replay_split.fold_replay_verify_split,
+                              tuning=kern.replay_tuning(V, T, B), fold_tuning=kern.state_tuning(V),
+                              dot_precision="default", **kw),
+            [*replay, x["count"], x["cache_base"]])
+  raise ValueError(f"kernel={kernel!r}; expected one of {KERNELS}.")
+
+
+@contextlib.contextmanager
+def _capture_triton_modules():
+  """The Triton modules (as text) JAX lowers Pallas calls to, in order, while in the block."""
+  from jax._src.pallas.triton import pallas_call_registration as registration
+
+  lower = registration.lowering.lower_jaxpr_to_triton_module
+  modules: list[str] = []
+
+  def spy(*args, **kwargs):
+    result = lower(*args, **kwargs)
+    modules.append(result.module.operation.get_asm(enable_debug_info=False))
+    return result
+
+  registration.lowering.lower_jaxpr_to_triton_module = spy
+  try:
+    yield modules
+  finally:
+    registration.lowering.lower_jaxpr_to_triton_module = lower
+
+
+def triton_modules(fn, args) -> list[dict]:
+  """``[{name, num_warps, num_stages, ttir}]`` of every Pallas call of ``fn(*args)`` lowered
+  for an H200."""
+  mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
+      device_kind="NVIDIA H200", num_cores=None, platform="cuda"))
+  with _capture_triton_modules() as modules, jax.sharding.use_abstract_mesh(mesh):
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  # Launch parameters by kernel name (the custom calls' order need not be the lowering's).
+  configs = {n: (int(s), int(w)) for n, s, w in re.findall(
+      r'name = "([^"]+)", num_stages = (\d+) : i32, num_warps = (\d+) : i32', text)}
+  found = []
+  for ttir in modules:
+    name = re.match(r"module @(\S+) \{", ttir).group(1)
+    if name not in configs:
+      raise RuntimeError(f"no launch parameters for the Triton module {name} in the lowered "
+                         "program: JAX's Pallas lowering changed")
+    stages, warps = configs[name]
+    found.append(dict(name=name, num_stages=stages, num_warps=warps, ttir=ttir))
+  return found
+
+
+def compile_sm90(module: dict, workdir: Path) -> dict:
+  """Compile one Triton module for sm_90a: registers, spills, SASS and its loops."""
+  import triton
+  from triton.backends.compiler import GPUTarget
+  from triton.backends.nvidia.compiler import get_ptxas
+
+  ttir = workdir / f"{module['name']}.ttir"
+  ttir.write_text(module["ttir"])
+  compiled = triton.compile(str(ttir), target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=module["num_warps"],
+                                         num_stages=module["num_stages"]))
+  ptx, cubin = workdir / f"{module['name']}.ptx", workdir / f"{module['name']}.cubin"
+  ptx.write_text(compiled.asm["ptx"])
+  ptxas = get_ptxas(90).path
+  log = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(ptx), "-o", str(cubin)],
+                       capture_output=True, text=True, check=True)
+  info = log.stdout + log.stderr
+  spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+  sass = subprocess.run([str(Path(ptxas).with_name("cuobjdump")), "-sass", str(cubin)],
+                        capture_output=True, text=True, check=True).stdout
+  instructions = [m.groups() for m in
+                  (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+                   for line in sass.splitlines()) if m]
+  return dict(name=module["name"], num_warps=module["num_warps"],
+              registers=int(re.search(r"Used (\d+) registers", info).group(1)),
+              spill_stores=int(spills.group(1)), spill_loads=int(spills.group(2)),
+              instructions=len(instructions), loops=loops(instructions), sass=sass)
+
+
+def _opcode(text: str) -> str:
+  words = text.split()
+  return words[1] if words[0].startswith("@") else words[0]
+
+
+def loops(instructions: list[tuple[str, str]]) -> list[dict]:
+  """The SASS loops (a branch back to an earlier address): start, size and opcode mix."""
+  index = {int(address, 16): i for i, (address, _) in enumerate(instructions)}
+  found = []
+  for i, (address, text) in enumerate(instructions):
+    target = re.search(r"BRA\b.*?0x([0-9a-f]+)", text)
+    if target and int(target.group(1), 16) < int(address, 16):
+      start = index[int(target.group(1), 16)]
+      body = [_opcode(t) for _, t in instructions[start:i + 1]]
+      found.append(dict(start=start, size=len(body),
+                        mix=collections.Counter(body).most_common(12)))
+  return found
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("kernel", choices=KERNELS)
+  p.add_argument("--batch", type=int, default=256,
+                 help="rows (the split form's choices depend on it)")
+  p.add_argument("--T", type=int, default=4, help="window tokens (replay and recurrent verify)")
+  p.add_argument("--ring", type=int, default=16)
+  p.add_argument("--kw", default="{}", type=ast.literal_eval,
+                 help="extra keyword arguments as a dict literal, e.g. \"{'v_at_use': True}\"")
+  p.add_argument("--sass", type=Path, help="write each kernel's SASS into this folder")
+  args = p.parse_args(argv)
+  fn, shapes = call(args.kernel, args.batch, args.T, args.ring, interpret=False, **args.kw)
+  with tempfile.TemporaryDirectory() as tmp:
+    for module in triton_modules(fn, shapes):
+      r = compile_sm90(module, Path(tmp))
+      print(f"{r['name']}: {r['num_warps']} warps, {r['registers']} registers, spills "
+            f"{r['spill_stores']}/{r['spill_loads']} B, {r['instructions']} SASS instructions")
+      for loop in r["loops"]:
+        mix = ", ".join(f"{op} {n}" for op, n in loop["mix"])
+        print(f"  loop at {loop['start']}: {loop['size']} instructions ({mix})")
+      if args.sass:
+        args.sass.mkdir(parents=True, exist_ok=True)
+        (args.sass / f"{r['name']}.sass").write_text(r["sass"])
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
