@@ -38,22 +38,15 @@ from jax.sharding import AbstractDevice, AbstractMesh
 
 from replayssm_jax.bench import kernels as bench
 from replayssm_jax.kernels import replay_split
+from replayssm_jax.kernels.backend import layer_shapes
 
 KERNELS = ("fold", "recurrent_verify", "recurrent_decode", "replay_verify", "fold_replay_verify")
 ACT = jnp.bfloat16
 
 
 def _shapes(B: int, T: int, L: int, gdn=bench.GEOMETRY) -> dict[str, jax.ShapeDtypeStruct]:
-  H, HV, K, V = gdn.num_k_heads, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
-  f32, i32 = jnp.float32, jnp.int32
-  shapes = dict(
-      ssm=((B, HV, V, K), f32), intermediate=((B, T, HV, V, K), f32),
-      ring_d=((B, HV, L, V), ACT), ring_k=((B, H, L, K), ACT), ring_g=((B, HV, L), f32),
-      ring_beta=((B, HV, L), f32), ring_rawk=((B, H, L, K), ACT), ring_rawv=((B, HV, L, V), ACT),
-      q=((B, T, H, K), ACT), k=((B, T, H, K), ACT), v=((B, T, HV, V), ACT),
-      a=((B, T, HV), ACT), b=((B, T, HV), ACT), A_log=((HV,), f32), dt_bias=((HV,), f32),
-      slot_ids=((B,), i32), write_pos=((B,), i32), cache_base=((B,), i32), count=((B,), i32))
-  return {n: jax.ShapeDtypeStruct(s, d) for n, (s, d) in shapes.items()}
+  return layer_shapes(H=gdn.num_k_heads, HV=gdn.num_v_heads, K=gdn.head_k_dim, V=gdn.head_v_dim,
+                      T=T, L=L, slots=B, B=B, act=ACT, ring=ACT)
 
 
 def call(kernel: str, B: int, T: int, L: int, **kw):
@@ -133,26 +126,24 @@ def compile_sm90(module: dict, workdir: Path) -> dict:
   from triton.backends.compiler import GPUTarget
   from triton.backends.nvidia.compiler import get_ptxas
 
+  from replayssm_jax.kernels.triton.launch import resource_usage
+
   ttir = workdir / f"{module['name']}.ttir"
   ttir.write_text(module["ttir"])
   compiled = triton.compile(str(ttir), target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=module["num_warps"],
                                          num_stages=module["num_stages"]))
-  ptx, cubin = workdir / f"{module['name']}.ptx", workdir / f"{module['name']}.cubin"
-  ptx.write_text(compiled.asm["ptx"])
-  ptxas = get_ptxas(90).path
-  log = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(ptx), "-o", str(cubin)],
-                       capture_output=True, text=True, check=True)
-  info = log.stdout + log.stderr
-  spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
-  sass = subprocess.run([str(Path(ptxas).with_name("cuobjdump")), "-sass", str(cubin)],
-                        capture_output=True, text=True, check=True).stdout
+  usage = resource_usage(compiled)
+  cubin = workdir / f"{module['name']}.cubin"
+  cubin.write_bytes(compiled.asm["cubin"])
+  cuobjdump = Path(get_ptxas(90).path).with_name("cuobjdump")
+  sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
+                        check=True).stdout
   instructions = [m.groups() for m in
                   (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
                    for line in sass.splitlines()) if m]
-  return dict(name=module["name"], num_warps=module["num_warps"],
-              registers=int(re.search(r"Used (\d+) registers", info).group(1)),
-              spill_stores=int(spills.group(1)), spill_loads=int(spills.group(2)),
+  return dict(name=module["name"], num_warps=module["num_warps"], registers=usage["n_regs"],
+              spill_stores=usage["spill_stores"], spill_loads=usage["spill_loads"],
               instructions=len(instructions), loops=loops(instructions), sass=sass)
 
 

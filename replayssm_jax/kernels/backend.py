@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
@@ -159,3 +160,19 @@ def mma_algorithm(precision: str, contraction: int, *, interpret: bool):
   products are always exact; the K and L contractions use the knob from 16 on.
   """
   return dot_algorithm(precision if contraction >= 16 else "ieee", interpret=interpret)
+
+
+def layer_shapes(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int, B: int, act,
+                 ring) -> dict[str, jax.ShapeDtypeStruct]:
+  """`jax.ShapeDtypeStruct`s of one layer's kernel arguments, by name: B rows of T tokens,
+  ``slots`` cache slots, rings of L records (compile-only tools lower the kernels with them)."""
+  f32, i32 = jnp.float32, jnp.int32
+  shapes = dict(
+      q=((B, T, H, K), act), k=((B, T, H, K), act), v=((B, T, HV, V), act),
+      a=((B, T, HV), act), b=((B, T, HV), act), A_log=((HV,), f32), dt_bias=((HV,), f32),
+      slot_ids=((B,), i32), write_pos=((B,), i32), cache_base=((B,), i32), count=((B,), i32),
+      ssm=((slots, HV, V, K), f32), intermediate=((slots, T, HV, V, K), f32),
+      ring_d=((slots, HV, L, V), ring), ring_k=((slots, H, L, K), ring),
+      ring_g=((slots, HV, L), f32), ring_beta=((slots, HV, L), f32),
+      ring_rawk=((slots, H, L, K), act), ring_rawv=((slots, HV, L, V), act))
+  return {n: jax.ShapeDtypeStruct(s, d) for n, (s, d) in shapes.items()}

@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 
-import jax
 import jax.numpy as jnp
 
-from replayssm_jax.kernels.backend import KernelTuning
+from replayssm_jax.kernels.backend import KernelTuning, layer_shapes
 from replayssm_jax.kernels.triton import replay_tuning, state_tuning
 from replayssm_jax.kernels.triton.fold import fold_launch
 from replayssm_jax.kernels.triton.launch import Launch, compile_sm90, resource_usage
@@ -25,27 +24,13 @@ from replayssm_jax.kernels.triton.replay_verify import replay_verify_launch
 ANCHOR = dict(H=16, HV=32, K=128, V=128, T=4, L=16, slots=8, B=4)
 
 
-def _shapes(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int, B: int, act, ring):
-  """`jax.ShapeDtypeStruct`s of one layer's arrays, by name."""
-  f32, i32 = jnp.float32, jnp.int32
-  shapes = dict(
-      q=((B, T, H, K), act), k=((B, T, H, K), act), v=((B, T, HV, V), act),
-      a=((B, T, HV), act), b=((B, T, HV), act), A_log=((HV,), f32), dt_bias=((HV,), f32),
-      slot_ids=((B,), i32), write_pos=((B,), i32), cache_base=((B,), i32), count=((B,), i32),
-      ssm=((slots, HV, V, K), f32), intermediate=((slots, T, HV, V, K), f32),
-      ring_d=((slots, HV, L, V), ring), ring_k=((slots, H, L, K), ring),
-      ring_g=((slots, HV, L), f32), ring_beta=((slots, HV, L), f32),
-      ring_rawk=((slots, H, L, K), act), ring_rawv=((slots, HV, L, V), act))
-  return {n: jax.ShapeDtypeStruct(s, d) for n, (s, d) in shapes.items()}
-
-
 def launches(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int = 8, B: int = 4,
              act=jnp.bfloat16, ring=jnp.bfloat16, state: KernelTuning | None = None,
              dot_precision: str = "default") -> dict[str, Launch]:
   """The launches of every kernel at one geometry: T-token verifies, T=1 decodes, the fold."""
   state = state or state_tuning(V)
-  win = _shapes(H=H, HV=HV, K=K, V=V, T=T, L=L, slots=slots, B=B, act=act, ring=ring)
-  one = _shapes(H=H, HV=HV, K=K, V=V, T=1, L=L, slots=slots, B=B, act=act, ring=ring)
+  win = layer_shapes(H=H, HV=HV, K=K, V=V, T=T, L=L, slots=slots, B=B, act=act, ring=ring)
+  one = layer_shapes(H=H, HV=HV, K=K, V=V, T=1, L=L, slots=slots, B=B, act=act, ring=ring)
   window = lambda x: [x[n] for n in ("slot_ids", "q", "k", "v", "a", "b", "A_log", "dt_bias")]
   replay = lambda x: [x[n] for n in ("ssm", "ring_d", "ring_k", "ring_g", "ring_beta",
                                      "ring_rawk", "ring_rawv", "q", "k", "v", "a", "b", "A_log",
