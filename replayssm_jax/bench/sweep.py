@@ -236,17 +236,18 @@ def sweep_fold(gdn, B, reps, n_fold=12, family="fold"):
   nbytes = Bytes(gdn, 4)
   shipped = dict(v_blocks=None, prefetch=None, interleave=None, normalize_ahead=None,
                  prefetch_at=None, record_order=None, v_at_use=None)
+  tiles = [(dataclasses.replace(tuning, block_v=bv, num_warps=w, num_stages=st), shipped)
+           for bv, w, st in FOLD_TUNINGS if bv <= gdn.head_v_dim]
   if family == "fold-orders":
     cases = [(tuning, dict(shipped, record_order=order, v_at_use=at_use))
              for order in FOLD_RECORD_ORDERS for at_use in (False, True)]
-  else:
+  elif family == "fold-tunings":
+    cases = [(tuning, shipped), *tiles]  # the shipped launch first, to compare with
+  else:  # "fold": every record loop (the shipped one among them), then the tiles
     cases = [(tuning, dict(shipped, v_blocks=vb, prefetch=pf, interleave=il, normalize_ahead=na,
                            prefetch_at=at))
-             for vb, pf, il, na, at in (FOLD_LAUNCHES if family == "fold" else [])
-             if vb <= gdn.head_v_dim // tuning.block_v]
-    cases += [] if family == "fold" else [(tuning, shipped)]  # the shipped launch, to compare
-    cases += [(dataclasses.replace(tuning, block_v=bv, num_warps=w, num_stages=st), shipped)
-              for bv, w, st in FOLD_TUNINGS if bv <= gdn.head_v_dim]
+             for vb, pf, il, na, at in FOLD_LAUNCHES
+             if vb <= gdn.head_v_dim // tuning.block_v] + tiles
   for launch_tuning, launch in cases:
     fold = jax.jit(lambda s, n, t=launch_tuning, kw=launch: fold_kernels.fold(
         s, *rings, slot_ids, n, base, tuning=t, interpret=interpret_mode(), **kw),
