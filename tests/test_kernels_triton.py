@@ -259,11 +259,11 @@ def test_ssm_schedule_interpreted(T, L, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("verify_mode", ["recurrent", "replayssm"])
-def test_ssm_steps_alias_the_cache_compiled(verify_mode):
+@pytest.mark.parametrize("verify_mode,B", [("recurrent", 3), ("replayssm", 3), ("replayssm", 64)])
+def test_ssm_steps_alias_the_cache_compiled(verify_mode, B):
   import test_ssm_replay
 
-  test_ssm_replay.test_jitted_steps_alias_the_cache(verify_mode, "triton")
+  test_ssm_replay.test_jitted_steps_alias_the_cache(verify_mode, B, "triton")
 
 
 # ----------------------------------------------------------------------------- compile only
