@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 from replayssm_jax import __version__, memory
 from replayssm_jax.config import PRESETS, GDNConfig
+from replayssm_jax.kernels.backend import round_cpu_products_apart
 
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -301,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   """
   parser = build_parser()
   args = parser.parse_args(argv)
+  round_cpu_products_apart()  # the committed state bitwise on a CPU too (README)
   handler: Handler = args.handler
   return handler(args, args.subparser)
 

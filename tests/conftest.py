@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import gc
-import os
+
+from replayssm_jax.kernels.backend import round_cpu_products_apart
 
 # The bitwise ties of the interpreted kernels (fold == recurrent state, DESIGN section 4) need
-# XLA:CPU to round every product: on a CPU with FMA units LLVM contracts some products into
-# their sums, in one kernel's fusion and not in the other's (1 ulp apart). On the GPU the
-# kernels write their multiply-adds out (`kernels/tile.py`). Set before jax starts its backend.
-if "xla_cpu_max_isa" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_max_isa=AVX".strip()
+# XLA:CPU to round every product apart; on the GPU the kernels write their multiply-adds out
+# (`kernels/tile.py`). Set before jax starts its backend.
+round_cpu_products_apart()
 
 import jax  # noqa: E402
 import numpy as np

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +49,18 @@ def row_ids(ndim: int = 3) -> tuple:
 def interpret_mode() -> bool:
   """Pallas kernels run interpreted unless JAX's default backend is a GPU."""
   return jax.default_backend() not in GPU_PLATFORMS
+
+
+def round_cpu_products_apart() -> None:
+  """Keep XLA:CPU from contracting products into sums (``--xla_cpu_max_isa=AVX``).
+
+  The interpreted kernels' bitwise ties (fold == recurrent state) need it on a CPU with FMA
+  units, where LLVM contracts some products in one kernel's fusion and not in the other's
+  (`tile`). It takes effect only before JAX starts its CPU backend; GPUs ignore it.
+  """
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_cpu_max_isa" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_max_isa=AVX".strip()
 
 
 # Rows from which the split form wins: a window (T >= 2), and decode (T = 1).

@@ -19,7 +19,8 @@ Multiply-adds: the Triton that compiles Pallas kernels contracts no ``x * y + z`
 (the H200 profile of the fold: 1% of its fp32 instructions fused, benchmarks/NOTES.md run 8),
 so `fma` writes the PTX instruction out; the interpreter has no inline assembly and rounds the
 product and the sum apart (where XLA:CPU targets FMA units it may contract some of them, and not
-alike in two kernels: the tests start it with ``--xla_cpu_max_isa=AVX``, `tests/conftest.py`).
+alike in two kernels: the tests and the sweeps start it with ``--xla_cpu_max_isa=AVX``,
+`backend.round_cpu_products_apart`).
 Norms: the GPU multiplies by one reciprocal square root, where a division per element costs
 three instructions; the interpreter divides, since a reciprocal there broke the tie (XLA on the
 CPU compiled the two kernels' norms to different bits). Either way both sides of the bitwise tie
