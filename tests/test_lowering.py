@@ -153,15 +153,14 @@ def test_launch_order_lowers(rows):
   assert "fold_first_order" in text
 
 
-@pytest.mark.parametrize("v_at_use", [False, True])
 @pytest.mark.parametrize("order", [fold.RECORD_LOADS, ("k", "v", "beta", "norm", "g"),
                                    ("g", "k", "norm", "v", "beta")], ids="-".join)
-def test_fold_record_orders_lower(order, v_at_use):
+def test_fold_record_orders_lower(order):
   """Every record order lowers, under a kernel name NVPTX accepts (letters, digits, ``_``)."""
   text = lower(functools.partial(fold.fold, tuning=KernelTuning(), interpret=False,
-                                 record_order=order, v_at_use=v_at_use),
+                                 record_order=order),
                STATE, RINGS[4], RINGS[5], RINGS[2], RINGS[3], ((B,), jnp.int32),
                ((B,), jnp.int32), ((B,), jnp.int32))
   [name] = re.findall(r'name = "(exact_fold[^"]*)"', text)
   assert re.fullmatch(r"\w+", name, re.ASCII), name
-  assert ("_vuse" in name) == v_at_use and ("_o" in name) == (order != fold.RECORD_LOADS)
+  assert ("_o" in name) == (order != fold.RECORD_LOADS)

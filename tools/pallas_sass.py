@@ -6,12 +6,14 @@ and cuobjdump give the registers, the spills and the SASS. On the GPU, XLA compi
 module with its own Triton and ptxas, so what this prints approximates the device. The exact
 fold has 128 registers and 364 instructions a loop iteration here, 127 and 373 in run 22's
 Nsight Compute profile (`benchmarks/ncu/run22_fold_b256.txt`); the coefficients kernel (T=4,
-B=256) 127 registers and 2592 instructions, 128 and 2869 in run 20's; but the stream that folds
-128 registers here, 168 in run 18's (an older stream; not profiled since). Read it for
-registers and instruction counts, check them on the GPU; the schedule, and so the speed, needs
-the GPU.
+B=256) 127 registers and 2592 instructions, 128 and 2869 in run 20's. The pipelined stream
+kernels are undercounted: B=64, the stream 63 registers here and 80 on the device, the stream
+that folds 128 here and 168 there (run 23, `benchmarks/ncu/run23_launchstats.txt`; XLA's
+Triton pipelines their checkpoint loads otherwise). Read it for the fold's and the coefficients'
+registers and instruction counts, and for the streams' only as a lower bound; check them on the
+GPU; the schedule, and so the speed, needs the GPU.
 
-    PYTHONPATH=$PWD python tools/pallas_sass.py fold [--kw "{'v_at_use': True}"]
+    PYTHONPATH=$PWD python tools/pallas_sass.py fold [--kw "{'record_order': ('g', 'k', 'norm', 'v', 'beta')}"]
     PYTHONPATH=$PWD python tools/pallas_sass.py replay_verify --T 4 --batch 256 --sass /tmp/sass
 
 Kernels (`KERNELS`): the fold, the recurrent verify and decode, the replay verify (at B >= 16
@@ -174,7 +176,7 @@ def main(argv=None) -> int:
   p.add_argument("--T", type=int, default=4, help="window tokens (replay and recurrent verify)")
   p.add_argument("--ring", type=int, default=16)
   p.add_argument("--kw", default="{}", type=ast.literal_eval,
-                 help="extra keyword arguments as a dict literal, e.g. \"{'v_at_use': True}\"")
+                 help="extra keyword arguments as a dict literal, e.g. \"{'prefetch': False}\"")
   p.add_argument("--sass", type=Path, help="write each kernel's SASS into this folder")
   args = p.parse_args(argv)
   fn, shapes = call(args.kernel, args.batch, args.T, args.ring, interpret=False, **args.kw)

@@ -211,9 +211,8 @@ FOLD_LAUNCHES = [(vb, pf, il, na, at) for vb in (1, 2, 4)
 # (block_v, num_warps, num_stages)
 FOLD_TUNINGS = [(32, 2, 1), (32, 2, 3), (16, 2, 2), (16, 1, 2), (32, 1, 2), (64, 2, 2), (64, 4, 2)]
 
-# The orders of a record's loads in the shipped launch (`fold.RECORD_LOADS`), each with v in
-# fp32 from its load and in the ring's dtype until the update (`fold.fold`'s ``v_at_use``):
-# the shipped order, run 22's slower one, g first (the decay needs it first), the norm last.
+# The orders of a record's loads in the shipped launch (`fold.RECORD_LOADS`): the shipped
+# order, run 22's slower one, g first (the decay needs it first), the norm last.
 FOLD_RECORD_ORDERS = [fold_kernels.RECORD_LOADS, ("k", "v", "beta", "norm", "g"),
                       ("g", "k", "norm", "v", "beta"), ("k", "g", "norm", "v", "beta"),
                       ("k", "norm", "g", "v", "beta"), ("k", "v", "g", "beta", "norm"),
@@ -225,7 +224,7 @@ def sweep_fold(gdn, B, reps, n_fold=12, family="fold"):
   """The Pallas fold's launches of one of `FOLD_FAMILIES`: "fold", each of `FOLD_LAUNCHES`
   at the default tuning and then each of `FOLD_TUNINGS` in the default launch;
   "fold-tunings", the default launch and `FOLD_TUNINGS`; "fold-orders", the default launch
-  with each of `FOLD_RECORD_ORDERS`, v converted at its load and at its use. ``n_fold``
+  with each of `FOLD_RECORD_ORDERS`. ``n_fold``
   records, and no record (every row's count 0: the launch alone), each checked bitwise
   against the recurrent verify at the default tuning."""
   rng = np.random.default_rng(2)
@@ -235,12 +234,11 @@ def sweep_fold(gdn, B, reps, n_fold=12, family="fold"):
   S0, rings, count, base, expected = _fold_case(gdn, B, rng, kern, tuning, n_fold)
   nbytes = Bytes(gdn, 4)
   shipped = dict(v_blocks=None, prefetch=None, interleave=None, normalize_ahead=None,
-                 prefetch_at=None, record_order=None, v_at_use=None)
+                 prefetch_at=None, record_order=None)
   tiles = [(dataclasses.replace(tuning, block_v=bv, num_warps=w, num_stages=st), shipped)
            for bv, w, st in FOLD_TUNINGS if bv <= gdn.head_v_dim]
   if family == "fold-orders":
-    cases = [(tuning, dict(shipped, record_order=order, v_at_use=at_use))
-             for order in FOLD_RECORD_ORDERS for at_use in (False, True)]
+    cases = [(tuning, dict(shipped, record_order=order)) for order in FOLD_RECORD_ORDERS]
   elif family == "fold-tunings":
     cases = [(tuning, shipped), *tiles]  # the shipped launch first, to compare with
   else:  # "fold": every record loop (the shipped one among them), then the tiles

@@ -47,12 +47,12 @@ FOLD_NORMALIZE_AHEAD = True
 PREFETCH_ATS = ("start", "end")
 FOLD_PREFETCH_AT = "end"
 # The order in which a record's loads are issued (`RECORD_LOADS`: "norm" is where k is
-# normalised ahead), and whether v stays in the ring's dtype until the update uses it. H200,
-# B=256 (NOTES.md run 22): k, v, beta, then the norm and g took 463 us against the shipped
-# order's 438, the same bits; `bench.sweep --only fold-orders` times the orders.
+# normalised ahead). H200, B=256, 12 records (NOTES.md run 23, `bench.sweep --only
+# fold-orders`): every order with the norm before v took 441-443 us, every order with v loaded
+# before the norm 460-461 (B=512: 862-865 against 898-900); v kept in the ring's dtype until
+# the update moved none (runs 22-23; removed). All the same bits; the shipped order stays.
 RECORD_LOADS = ("k", "norm", "v", "g", "beta")
 FOLD_RECORD_ORDER = RECORD_LOADS
-FOLD_V_AT_USE = False
 # The cache rings `fold` reads, in the order of its arguments.
 RING_NAMES = ("ring_rawk", "ring_rawv", "ring_g", "ring_beta")
 
@@ -64,9 +64,9 @@ class FoldLoop(NamedTuple):
   tiles (the bitwise tie); the rest is the record loop, which changes no bit: a program's tiles
   one after the other or in one loop (``interleave``), record i + 1 loaded while record i is
   applied (``prefetch``), before or after its update (``prefetch_at``, `PREFETCH_ATS`), its k
-  normalised when loaded (``normalize_ahead``) or where used, the order of a record's loads
-  (``record_order``, a permutation of `RECORD_LOADS` with the norm after k) and whether v is
-  converted to fp32 where the update uses it (``v_at_use``). The fold kernel, the split form's
+  normalised when loaded (``normalize_ahead``) or where used, and the order of a record's
+  loads (``record_order``, a permutation of `RECORD_LOADS` with the norm after k). The fold
+  kernel, the split form's
   stream and the one-kernel verify forms each hold one.
   """
 
@@ -77,7 +77,6 @@ class FoldLoop(NamedTuple):
   normalize_ahead: bool = False
   prefetch_at: str = "start"
   record_order: tuple[str, ...] = RECORD_LOADS
-  v_at_use: bool = False
 
 
 def check_record_order(order: tuple[str, ...]) -> None:
@@ -90,8 +89,8 @@ def check_record_order(order: tuple[str, ...]) -> None:
 def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, *, slot, h, kh,
               rows: pl.Slice | tuple[pl.Slice, ...], count, base, ring_len: int, k_chunk: int,
               prefetch: bool, compiled: bool, normalize_ahead: bool = False,
-              prefetch_at: str = "start", record_order: tuple[str, ...] = RECORD_LOADS,
-              v_at_use: bool = False) -> None:
+              prefetch_at: str = "start",
+              record_order: tuple[str, ...] = RECORD_LOADS) -> None:
   """Replay ``count`` records of (slot, value head h) into ``ssm_ref[slot, h, rows, :]`` in place.
 
   The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
@@ -101,22 +100,20 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
   Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is normalised as the
   recurrent kernels normalise it, where it is used or, with ``prefetch`` and
   ``normalize_ahead``, when it is loaded. ``prefetch_at`` (`PREFETCH_ATS`): whether record
-  i + 1 is loaded before record i's update ("start") or after it ("end"). ``record_order`` and
-  ``v_at_use``: as `FoldLoop`'s.
+  i + 1 is loaded before record i's update ("start") or after it ("end"). ``record_order``: as `FoldLoop`'s.
   """
   K = ssm_ref.shape[-1]
   tiles = rows if isinstance(rows, tuple) else (rows,)
   normalize = functools.partial(tile.l2_normalize, compiled=compiled)
 
   check_record_order(record_order)
-  v_dtype = ring_rawv_ref.dtype if v_at_use else jnp.float32
 
   def record(i):  # the inputs of record i, loaded in `record_order`
     p = (base + i) & (ring_len - 1)
     loads = {
         "k": lambda x: tile.load(ring_rawk_ref, (slot, kh, p), K, k_chunk),
         "norm": lambda x: normalize(x["k"]) if normalize_ahead else x["k"],
-        "v": lambda x: tuple(ring_rawv_ref[slot, h, p, r].astype(v_dtype) for r in tiles),
+        "v": lambda x: tuple(ring_rawv_ref[slot, h, p, r].astype(jnp.float32) for r in tiles),
         "g": lambda x: ring_g_ref[slot, h, p],
         "beta": lambda x: ring_beta_ref[slot, h, p]}
     x = {}
@@ -126,8 +123,6 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
 
   def update(S, rec):
     k, v, g, beta = rec
-    if v_at_use:
-      v = tuple(v_t.astype(jnp.float32) for v_t in v)
     k_hat = k if normalize_ahead else normalize(k)
     return tuple(tile.delta_rule_step(S_t, k_hat, v_t, g, beta, compiled=compiled)[0]
                  for S_t, v_t in zip(S, v))
@@ -160,7 +155,7 @@ def fold_tiles(ssm_ref, *rings, loop: FoldLoop, first_row, tiles: int, **kw) -> 
   ``loop``'s record loop. ``rings``: rawk, rawv, g, beta; ``kw``: the rest of `fold_rows`'s
   arguments (slot, h, kh, count, base, ring_len, compiled)."""
   kw.update(k_chunk=loop.k_chunk, prefetch=loop.prefetch, normalize_ahead=loop.normalize_ahead,
-            prefetch_at=loop.prefetch_at, record_order=loop.record_order, v_at_use=loop.v_at_use)
+            prefetch_at=loop.prefetch_at, record_order=loop.record_order)
   tile_rows = lambda t: pl.ds(first_row + t * loop.block_v, loop.block_v)
   if loop.interleave:
     fold_rows(ssm_ref, *rings, rows=tuple(tile_rows(t) for t in range(tiles)), **kw)
@@ -235,12 +230,12 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
 
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch",
                                              "interleave", "normalize_ahead", "prefetch_at",
-                                             "record_order", "v_at_use"))
+                                             "record_order"))
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
          tuning: KernelTuning, interpret: bool, v_blocks: int | None = None,
          prefetch: bool | None = None, interleave: bool | None = None,
          normalize_ahead: bool | None = None, prefetch_at: str | None = None,
-         record_order: tuple[str, ...] | None = None, v_at_use: bool | None = None):
+         record_order: tuple[str, ...] | None = None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
@@ -262,8 +257,6 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       or after it ("end"; default `FOLD_PREFETCH_AT`).
     record_order: the order of a record's loads, a permutation of `RECORD_LOADS` with "norm"
       (k normalised ahead) after "k" (default `FOLD_RECORD_ORDER`).
-    v_at_use: keep v in the ring's dtype until the update converts it (default
-      `FOLD_V_AT_USE`).
     None changes the arithmetic: every launch folds to the same bits.
 
   Returns:
@@ -280,8 +273,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       interleave=FOLD_INTERLEAVE if interleave is None else interleave,
       normalize_ahead=FOLD_NORMALIZE_AHEAD if normalize_ahead is None else normalize_ahead,
       prefetch_at=FOLD_PREFETCH_AT if prefetch_at is None else prefetch_at,
-      record_order=FOLD_RECORD_ORDER if record_order is None else tuple(record_order),
-      v_at_use=FOLD_V_AT_USE if v_at_use is None else v_at_use)
+      record_order=FOLD_RECORD_ORDER if record_order is None else tuple(record_order))
   if v_blocks < 1 or tiles % v_blocks:
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
@@ -301,8 +293,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
            f"_vb{v_blocks}{'_il' if loop.interleave else ''}{'_pf' if loop.prefetch else ''}"
            f"{'_na' if loop.prefetch and loop.normalize_ahead else ''}"
            f"{'_end' if loop.prefetch and loop.prefetch_at == 'end' else ''}"
-           f"{'' if loop.record_order == RECORD_LOADS else '_o' + order_tag}"
-           f"{'_vuse' if loop.v_at_use else ''}",
+           f"{'' if loop.record_order == RECORD_LOADS else '_o' + order_tag}",
   )(*inputs.values())
 
 
