@@ -13,7 +13,7 @@ Triton pipelines their checkpoint loads otherwise). Read it for the fold's and t
 registers and instruction counts, and for the streams' only as a lower bound; check them on the
 GPU; the schedule, and so the speed, needs the GPU.
 
-    PYTHONPATH=$PWD python tools/pallas_sass.py fold [--kw "{'record_order': ('g', 'k', 'norm', 'v', 'beta')}"]
+    PYTHONPATH=$PWD python tools/pallas_sass.py fold [--kw "{'prefetch_at': 'start'}"]
     PYTHONPATH=$PWD python tools/pallas_sass.py replay_verify --T 4 --batch 256 --sass /tmp/sass
 
 Kernels (`KERNELS`): the fold, the recurrent verify and decode, the replay verify (at B >= 16

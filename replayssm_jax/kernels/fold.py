@@ -66,8 +66,7 @@ class FoldLoop(NamedTuple):
   applied (``prefetch``), before or after its update (``prefetch_at``, `PREFETCH_ATS`), its k
   normalised when loaded (``normalize_ahead``) or where used, and the order of a record's
   loads (``record_order``, a permutation of `RECORD_LOADS` with the norm after k). The fold
-  kernel, the split form's
-  stream and the one-kernel verify forms each hold one.
+  kernel, the split form's stream and the one-kernel verify forms each hold one.
   """
 
   block_v: int
@@ -89,8 +88,7 @@ def check_record_order(order: tuple[str, ...]) -> None:
 def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, *, slot, h, kh,
               rows: pl.Slice | tuple[pl.Slice, ...], count, base, ring_len: int, k_chunk: int,
               prefetch: bool, compiled: bool, normalize_ahead: bool = False,
-              prefetch_at: str = "start",
-              record_order: tuple[str, ...] = RECORD_LOADS) -> None:
+              prefetch_at: str = "start", record_order: tuple[str, ...] = RECORD_LOADS) -> None:
   """Replay ``count`` records of (slot, value head h) into ``ssm_ref[slot, h, rows, :]`` in place.
 
   The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
@@ -100,7 +98,8 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
   Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is normalised as the
   recurrent kernels normalise it, where it is used or, with ``prefetch`` and
   ``normalize_ahead``, when it is loaded. ``prefetch_at`` (`PREFETCH_ATS`): whether record
-  i + 1 is loaded before record i's update ("start") or after it ("end"). ``record_order``: as `FoldLoop`'s.
+  i + 1 is loaded before record i's update ("start") or after it ("end"). ``record_order``:
+  as `FoldLoop`'s.
   """
   K = ssm_ref.shape[-1]
   tiles = rows if isinstance(rows, tuple) else (rows,)
