@@ -32,6 +32,7 @@ pytest.importorskip("triton", reason="the triton backend needs the triton extra:
 
 import test_kernels_recurrent as rec_tests  # noqa: E402
 import test_kernels_replay_verify as replay_tests  # noqa: E402
+import test_ssm_replay  # noqa: E402
 from conftest import rel_err  # noqa: E402
 from replayssm_jax.kernels import fold as pallas_fold  # noqa: E402
 from replayssm_jax.kernels import triton as triton_kernels  # noqa: E402
@@ -229,8 +230,6 @@ def test_ssm_schedules_compiled(T, L, interleave):
   against the recurrent baseline, bitwise after every fold."""
   from hypothesis import given, settings
 
-  import test_ssm_replay
-
   @settings(max_examples=2, phases=test_ssm_replay.NO_SHRINK)
   @given(test_ssm_replay._schedules(T))
   def run(schedule):
@@ -245,7 +244,6 @@ def test_ssm_schedule_interpreted(T, L, monkeypatch):
   triton backend in Triton's interpreter: the dispatch, and the bitwise folds end to end."""
   if not INTERPRET:
     pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (test_interpreter_run)")
-  import test_ssm_replay
   from replayssm_jax import config
 
   # SpecConfig(backend="triton") asks for jax-triton and a GPU; the interpreter needs neither.
@@ -259,10 +257,8 @@ def test_ssm_schedule_interpreted(T, L, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("verify_mode,B", [("recurrent", 3), ("replayssm", 3), ("replayssm", 64)])
+@pytest.mark.parametrize("verify_mode,B", test_ssm_replay.ALIAS_CASES)
 def test_ssm_steps_alias_the_cache_compiled(verify_mode, B):
-  import test_ssm_replay
-
   test_ssm_replay.test_jitted_steps_alias_the_cache(verify_mode, B, "triton")
 
 

@@ -333,8 +333,11 @@ def test_fuse_fold_below_picks_by_size(monkeypatch):
                              ssm.default_replay_tuning(spec, V, 4, 16))
 
 
-@pytest.mark.parametrize("mode,B", [("recurrent", 3), ("replayssm", 3), ("replayssm", 64),
-                                    ("replayssm", 256)])
+# (mode, B) of the alias check, shared with the triton backend's (test_kernels_triton.py).
+ALIAS_CASES = [("recurrent", 3), ("replayssm", 3), ("replayssm", 64), ("replayssm", 256)]
+
+
+@pytest.mark.parametrize("mode,B", ALIAS_CASES)
 def test_jitted_steps_alias_the_cache(mode, B, backend):
   """No full-buffer copy: the donated cache is aliased and temporaries stay per-row sized.
   At B=64 the Pallas verify and decode run the split form, flush rows folding in its stream;

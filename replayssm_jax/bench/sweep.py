@@ -224,9 +224,8 @@ def sweep_fold(gdn, B, reps, n_fold=12, family="fold"):
   """The Pallas fold's launches of one of `FOLD_FAMILIES`: "fold", each of `FOLD_LAUNCHES`
   at the default tuning and then each of `FOLD_TUNINGS` in the default launch;
   "fold-tunings", the default launch and `FOLD_TUNINGS`; "fold-orders", the default launch
-  with each of `FOLD_RECORD_ORDERS`. ``n_fold``
-  records, and no record (every row's count 0: the launch alone), each checked bitwise
-  against the recurrent verify at the default tuning."""
+  with each of `FOLD_RECORD_ORDERS`. ``n_fold`` records, and no record (every row's count 0:
+  the launch alone), each checked bitwise against the recurrent verify at the default tuning."""
   rng = np.random.default_rng(2)
   kern = bench.kernels_for("pallas")
   tuning = kern.state_tuning(gdn.head_v_dim)
