@@ -12,9 +12,9 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
   (exact replay of their committed raw records into the checkpoint), then computes
   the window outputs from checkpoint + ring history and appends the window's
   records; commit only moves cursors. With the Pallas backend the fold runs inside the replay
-  verify: in its checkpoint stream in the split form (windows of 16 to 255 rows, decode from
+  verify: in its checkpoint stream in the split form (windows of 16 to 127 rows, decode from
   64, `FUSE_FOLD_BELOW`), in the one kernel of the UT and vector forms below those sizes
-  (`FUSE_FOLD_ONE_KERNEL`); otherwise (windows from 256 rows) it is a kernel of its own,
+  (`FUSE_FOLD_ONE_KERNEL`); otherwise (windows from 128 rows) it is a kernel of its own,
   skipped on the device when no row folds (`SKIP_IDLE_FOLD`).
   With `SpecConfig.fold_together`, the rows of a step that folds also fold along when they
   hold that many records, which keeps rows in phase (exact all the same).
@@ -92,8 +92,11 @@ SKIP_IDLE_FOLD = True
 # traffic: B=16 35.6 / 34.6, 32 50.9 / 58.5, 64 88.7 / 96.0, 128 162.2 / 170.2, 256 311.7 /
 # 313.3, 512 605.0 / 598.9 us; the mixed step: 46.5 / 43.1, 60.5 / 68.0, 106.1 / 112.6, 191.2 /
 # 195.0, 369.6 / 361.8, 716.2 / 684.9 (B=16 left fused: 1-3 us). Decode (run 17, B=256): out of
-# phase 205.5 fused against 225.5 apart.
-FUSE_FOLD_BELOW = {"window": 256, "decode": None}
+# phase 205.5 fused against 225.5 apart. Run 24, the fold kernel at 398 us (its cache
+# prefetches), fused / apart: B=128 mixed step 191.4 / 184.1, no fold 114.2 / 103.5, every row
+# folding 351.1 / 311.7, verify traffic 163.3 / 166.0; B=64 mixed 105.1 / 106.7 (no fold 66.2 /
+# 60.6), B=32 mixed 59.4 / 65.1: apart from 128 rows.
+FUSE_FOLD_BELOW = {"window": 128, "decode": None}
 # Whether the one-kernel replay verify forms (UT, vector: B < 16 windows, B < 64 decode) fold
 # the flush rows in their programs, in place of the fold kernel in a `lax.cond` before them.
 # H200 (benchmarks/NOTES.md run 16): the B=1 flush step 23.5 -> 20.2 us (16.4 with the UT form's

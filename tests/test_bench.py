@@ -236,6 +236,27 @@ def test_sweep_fold_orders_smoke(tmp_path):
   assert all(r["fold_bitwise"] is True and r["fold_us"] > 0 for r in rows)
 
 
+def test_sweep_fold_prefetch_smoke(tmp_path):
+  """The prefetch sweeps time the fold kernel at each of `FOLD_PREFETCHES` and the stream's
+  fold at each record prefetch level, each bitwise equal to the recurrent verify (tiny, CPU:
+  the kernels run, the prefetches are GPU-only)."""
+  from replayssm_jax.bench import sweep
+  from replayssm_jax.kernels import fold
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "fold-prefetch", "stream-fold-prefetch", "--batch",
+                     "2", "--reps", "1", "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  kernel = [r for r in rows if r["kernel"] == "exact_fold"]
+  stream = [r for r in rows if r["kernel"].startswith("stream_fold")]
+  assert [(r["prefetch_records_to"], r["prefetch_tile_ahead"]) for r in kernel] == [
+      tuple(x) for x in sweep.FOLD_PREFETCHES]
+  assert sorted(r["prefetch_records_to"] for r in stream) == sorted(fold.PREFETCH_RECORDS_TO)
+  assert stream[0]["prefetch_records_to"] == "off"  # the baseline first
+  assert all(r["fold_bitwise"] is True for r in rows)
+  assert sum(r["default"] for r in stream) == 1
+
+
 def test_sweep_stream_fold_smoke(tmp_path):
   """The stream-fold sweep checks the fold inside the stream bitwise against the recurrent
   state and times it beside the fold kernel + verify (tiny, CPU)."""

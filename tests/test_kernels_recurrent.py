@@ -167,9 +167,20 @@ def test_fold_record_orders_keep_the_bits(order, at, interpret):
              prefetch_at=at, record_order=order)
 
 
+@pytest.mark.parametrize("records, ahead", [("L1", 0), ("L2", 0), ("off", 1), ("L1", 5),
+                                             ("L2", 64)])
+def test_fold_cache_prefetches_keep_the_bits(records, ahead, interpret):
+  """Prefetching the records (to L1 or L2) and the checkpoint tile of a later program (into
+  L2; 64 is past the grid's end) leaves the bits alone. Interpreted, nothing is prefetched."""
+  check_fold((3, 4, 2, 4, 16, 32, 8), jnp.bfloat16, interpret, prefetch_records_to=records,
+             prefetch_tile_ahead=ahead)
+
+
 @pytest.mark.parametrize("launch, message", [
     (dict(v_blocks=3), "v_blocks=3 must divide the 2 tiles"),
     (dict(prefetch_at="middle"), "prefetch_at='middle'; expected one of"),
+    (dict(prefetch_records_to="L3"), "prefetch_records_to='L3'; expected one of"),
+    (dict(prefetch_tile_ahead=-1), "prefetch_tile_ahead=-1 must be >= 0"),
     (dict(record_order=("norm", "k", "v", "g", "beta")), "with 'norm' after 'k'"),
     (dict(record_order=("k", "norm", "v", "g")), "each once")])
 def test_fold_refuses_an_unknown_launch(launch, message):

@@ -164,3 +164,28 @@ def test_fold_record_orders_lower(order):
   [name] = re.findall(r'name = "(exact_fold[^"]*)"', text)
   assert re.fullmatch(r"\w+", name, re.ASCII), name
   assert ("_o" in name) == (order != fold.RECORD_LOADS)
+
+
+@pytest.mark.parametrize("records, ahead", [("L1", 0), ("L2", 528), ("off", 8), ("off", 0)])
+def test_fold_cache_prefetches_lower(records, ahead):
+  """The fold's prefetches (`kernels.prefetch`) lower to PTX prefetches at their cache level:
+  the records' at ``records``, the later program's checkpoint tile into L2."""
+  text = lower(functools.partial(fold.fold, tuning=KernelTuning(), interpret=False,
+                                 prefetch_records_to=records, prefetch_tile_ahead=ahead),
+               STATE, RINGS[4], RINGS[5], RINGS[2], RINGS[3], ((B,), jnp.int32),
+               ((B,), jnp.int32), ((B,), jnp.int32))
+  assert ("prefetch.global.L1" in text) == (records == "L1")
+  assert ("prefetch.global.L2" in text) == (records == "L2" or ahead > 0)
+
+
+@pytest.mark.parametrize("records", ["L1", "off"])
+def test_stream_fold_prefetch_lowers(records):
+  """The split verify's stream prefetches its folding rows' records when asked to."""
+  tuning = KernelTuning.replay_default(V, 4, 256)
+  text = lower(functools.partial(
+      replay_split.fold_replay_verify_split, tuning=tuning,
+      fold_tuning=KernelTuning.state_default(V), fold_prefetch_records_to=records,
+      dot_precision="default", interpret=False),
+      STATE, *RINGS, *window(4), ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32),
+      ((B,), jnp.int32))
+  assert ("prefetch.global.L1" in text) == (records == "L1")

@@ -380,6 +380,18 @@ def main(argv=None) -> int:
                  default=fold_kernels.FOLD_PREFETCH_AT,
                  help="where the fold kernel loads the next record: before or after applying "
                       "one (kernels.fold.FOLD_PREFETCH_AT)")
+  p.add_argument("--fold-prefetch-records-to", choices=fold_kernels.PREFETCH_RECORDS_TO,
+                 default=fold_kernels.FOLD_PREFETCH_RECORDS_TO,
+                 help="the cache level the fold kernel's programs prefetch their records to "
+                      "(kernels.fold.FOLD_PREFETCH_RECORDS_TO)")
+  p.add_argument("--fold-prefetch-tile-ahead", type=int,
+                 default=fold_kernels.FOLD_PREFETCH_TILE_AHEAD, metavar="PROGRAMS",
+                 help="the fold kernel prefetches the checkpoint tile of the program this many "
+                      "launches later into L2, 0 for none (kernels.fold.FOLD_PREFETCH_TILE_AHEAD)")
+  p.add_argument("--stream-fold-prefetch-records-to", choices=fold_kernels.PREFETCH_RECORDS_TO,
+                 default=replay_split.STREAM_FOLD_PREFETCH_RECORDS_TO,
+                 help="the same for the folding programs of the split verify's stream "
+                      "(kernels.replay_split.STREAM_FOLD_PREFETCH_RECORDS_TO)")
   args = p.parse_args(argv)
   fuse_fold_below = (dict(ssm.FUSE_FOLD_BELOW) if args.stream_fold is None
                      else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
@@ -399,7 +411,10 @@ def main(argv=None) -> int:
                 fold_launch=args.fold_launch, fold_first=args.fold_first,
                 launch_order=args.launch_order, one_kernel_fold=args.one_kernel_fold,
                 fuse_fold_below=fuse_fold_below, tile_grid=args.tile_grid,
-                fold_prefetch_at=args.fold_prefetch_at, rows=rows)
+                fold_prefetch_at=args.fold_prefetch_at,
+                fold_prefetch_records_to=args.fold_prefetch_records_to,
+                fold_prefetch_tile_ahead=args.fold_prefetch_tile_ahead,
+                stream_fold_prefetch_records_to=args.stream_fold_prefetch_records_to, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
@@ -412,7 +427,11 @@ def main(argv=None) -> int:
            (ssm, "FUSE_FOLD_ONE_KERNEL"): args.one_kernel_fold,
            (ssm, "FUSE_FOLD_BELOW"): fuse_fold_below,
            (kernel_backend, "TILE_GRID"): args.tile_grid,
-           (fold_kernels, "FOLD_PREFETCH_AT"): args.fold_prefetch_at}
+           (fold_kernels, "FOLD_PREFETCH_AT"): args.fold_prefetch_at,
+           (fold_kernels, "FOLD_PREFETCH_RECORDS_TO"): args.fold_prefetch_records_to,
+           (fold_kernels, "FOLD_PREFETCH_TILE_AHEAD"): args.fold_prefetch_tile_ahead,
+           (replay_split, "STREAM_FOLD_PREFETCH_RECORDS_TO"):
+               args.stream_fold_prefetch_records_to}
   defaults = {knob: getattr(*knob) for knob in knobs}
   for (module, name), value in knobs.items():
     setattr(module, name, value)

@@ -16,7 +16,7 @@ sass.csv``) and summarise it with ``python tools/ncu_sass.py sass.csv``.
 Launches, in order: the replay verify at write_pos 8 (T=4: coefficients + stream), the
 replay decode at write_pos 8 (T=1), the exact fold of 12 records, and (Pallas) a whole
 `ssm.verify` step with rows in mixed phases, a third of them folding: inside the stream kernel
-(``replay_stream_T4_..._fold``) below `ssm.FUSE_FOLD_BELOW`'s 256 rows, in the fold kernel
+(``replay_stream_T4_..._fold``) below `ssm.FUSE_FOLD_BELOW`'s 128 rows, in the fold kernel
 before a plain stream from there.
 """
 

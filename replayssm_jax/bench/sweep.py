@@ -217,14 +217,20 @@ FOLD_RECORD_ORDERS = [fold_kernels.RECORD_LOADS, ("k", "v", "beta", "norm", "g")
                       ("g", "k", "norm", "v", "beta"), ("k", "g", "norm", "v", "beta"),
                       ("k", "norm", "g", "v", "beta"), ("k", "v", "g", "beta", "norm"),
                       ("k", "g", "v", "beta", "norm")]
-FOLD_FAMILIES = ("fold", "fold-tunings", "fold-orders")
+# Cache prefetches in the shipped launch (`fold.prefetch_records_to`, `prefetch_tile_ahead`):
+# the records to L1 or L2 when a program starts, and the checkpoint tile of the program a
+# wave (1056 programs of the fold at 8 an SM), half or a quarter of one later into L2.
+FOLD_PREFETCHES = [("off", 0), ("L1", 0), ("L2", 0), ("L1", 132), ("L1", 264), ("L1", 396),
+                   ("L1", 528), ("L1", 792), ("L2", 528), ("off", 528)]
+FOLD_FAMILIES = ("fold", "fold-tunings", "fold-orders", "fold-prefetch")
 
 
 def sweep_fold(gdn, B, reps, n_fold=12, family="fold"):
   """The Pallas fold's launches of one of `FOLD_FAMILIES`: "fold", each of `FOLD_LAUNCHES`
   at the default tuning and then each of `FOLD_TUNINGS` in the default launch;
   "fold-tunings", the default launch and `FOLD_TUNINGS`; "fold-orders", the default launch
-  with each of `FOLD_RECORD_ORDERS`. ``n_fold`` records, and no record (every row's count 0:
+  with each of `FOLD_RECORD_ORDERS`; "fold-prefetch", with each of `FOLD_PREFETCHES`.
+  ``n_fold`` records, and no record (every row's count 0:
   the launch alone), each checked bitwise against the recurrent verify at the default tuning."""
   rng = np.random.default_rng(2)
   kern = bench.kernels_for("pallas")
@@ -233,11 +239,15 @@ def sweep_fold(gdn, B, reps, n_fold=12, family="fold"):
   S0, rings, count, base, expected = _fold_case(gdn, B, rng, kern, tuning, n_fold)
   nbytes = Bytes(gdn, 4)
   shipped = dict(v_blocks=None, prefetch=None, interleave=None, normalize_ahead=None,
-                 prefetch_at=None, record_order=None)
+                 prefetch_at=None, record_order=None, prefetch_records_to=None,
+                 prefetch_tile_ahead=None)
   tiles = [(dataclasses.replace(tuning, block_v=bv, num_warps=w, num_stages=st), shipped)
            for bv, w, st in FOLD_TUNINGS if bv <= gdn.head_v_dim]
   if family == "fold-orders":
     cases = [(tuning, dict(shipped, record_order=order)) for order in FOLD_RECORD_ORDERS]
+  elif family == "fold-prefetch":
+    cases = [(tuning, dict(shipped, prefetch_records_to=level, prefetch_tile_ahead=ahead))
+             for level, ahead in FOLD_PREFETCHES]
   elif family == "fold-tunings":
     cases = [(tuning, shipped), *tiles]  # the shipped launch first, to compare with
   else:  # "fold": every record loop (the shipped one among them), then the tiles
@@ -273,19 +283,20 @@ STREAM_FOLD_LOOPS = ((True, False), (False, False), (True, True), (False, True))
 STREAM_FOLD_TUNINGS = (None, KernelTuning(block_v=128, num_warps=8, k_chunk=64, num_stages=2))
 
 
-def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4):
+def sweep_stream_fold(gdn, B, reps, n_fold=12, T=4, prefetch_levels=None):
   """The fold inside the split verify's stream kernel (`replay_split.fold_replay_verify_split`)
   per stream launch (`STREAM_FOLD_TUNINGS`), fold tile height (`STREAM_FOLD_SPLITS` and the
   default) and record loop (`STREAM_FOLD_LOOPS`): every row folding ``n_fold`` records and
   then verifying a T-token window, checked bitwise against the recurrent state and timed
   against the fold kernel followed by the split verify (`apart_us`); and no row folding
   (`idle_us`), against the split verify alone (`plain_us`): what the fold's code costs the
-  stream."""
-  for stream in STREAM_FOLD_TUNINGS:
-    yield from _sweep_stream_fold(gdn, B, reps, n_fold, T, stream)
+  stream. With ``prefetch_levels``, the default stream and record loop at each of these
+  cache levels of the record prefetch (`fold.PREFETCH_RECORDS_TO`) instead."""
+  for stream in STREAM_FOLD_TUNINGS[:1] if prefetch_levels else STREAM_FOLD_TUNINGS:
+    yield from _sweep_stream_fold(gdn, B, reps, n_fold, T, stream, prefetch_levels)
 
 
-def _sweep_stream_fold(gdn, B, reps, n_fold, T, stream):
+def _sweep_stream_fold(gdn, B, reps, n_fold, T, stream, prefetch_levels=None):
   rng = np.random.default_rng(3)
   kern = bench.kernels_for("pallas")
   tuning = kern.state_tuning(gdn.head_v_dim)
@@ -317,16 +328,20 @@ def _sweep_stream_fold(gdn, B, reps, n_fold, T, stream):
   candidates = {replay_split.stream_fold_block_v(stream, tuning),
                 *(stream.block_v // n for n in STREAM_FOLD_SPLITS)}
   tiles = sorted(n for n in candidates if 0 < n <= stream.block_v)
-  loops = [(n, pf, il) for n in tiles for pf, il in STREAM_FOLD_LOOPS
+  loops = [(n, pf, il, None) for n in tiles for pf, il in STREAM_FOLD_LOOPS
            if n < stream.block_v or not il]
-  for fold_block_v, prefetch, interleave in loops:
+  if prefetch_levels:
+    loops = [(replay_split.stream_fold_block_v(stream, tuning), replay_split.STREAM_FOLD_PREFETCH,
+              replay_split.STREAM_FOLD_INTERLEAVE, level) for level in prefetch_levels]
+  for fold_block_v, prefetch, interleave, level in loops:
 
-    def fused(c, counts, fbv=fold_block_v, pf=prefetch, il=interleave):
+    def fused(c, counts, fbv=fold_block_v, pf=prefetch, il=interleave, lvl=level):
       ssm, rs = c
       _, ssm, *out = replay_split.fold_replay_verify_split(
           ssm, *(rs[n] for n in RINGS), *_window(x), slot_ids, *after, counts, base,
           tuning=stream, fold_tuning=tuning, fold_block_v=fbv, prefetch=pf,
-          fold_interleave=il, dot_precision="default", interpret=interpret)
+          fold_interleave=il, fold_prefetch_records_to=lvl, dot_precision="default",
+          interpret=interpret)
       return ssm, dict(zip(RINGS, out))
 
     fused = jax.jit(fused, donate_argnums=0)
@@ -334,10 +349,11 @@ def _sweep_stream_fold(gdn, B, reps, n_fold, T, stream):
     default = (stream == kern.replay_tuning(gdn.head_v_dim, T, B)
                and fold_block_v == replay_split.stream_fold_block_v(stream, tuning)
                and prefetch == replay_split.STREAM_FOLD_PREFETCH
-               and interleave == replay_split.STREAM_FOLD_INTERLEAVE)
+               and interleave == replay_split.STREAM_FOLD_INTERLEAVE
+               and level in (None, replay_split.STREAM_FOLD_PREFETCH_RECORDS_TO))
     row = dict(kernel=f"stream_fold_T{T}", B=B, n_fold=n_fold,
                stream=dataclasses.asdict(stream), fold_block_v=fold_block_v, prefetch=prefetch,
-               interleave=interleave, default=default,
+               interleave=interleave, prefetch_records_to=level, default=default,
                fold_bitwise=bool(jnp.array_equal(state[0], expected)))
     t, state = time_calls(lambda c: fused(c, count), state, reps=reps)
     idle, _ = time_calls(lambda c: fused(c, jnp.zeros_like(count)), state, reps=reps)
@@ -346,7 +362,8 @@ def _sweep_stream_fold(gdn, B, reps, n_fold, T, stream):
                kernel_us=t.by_kernel(), apart_kernel_us=apart_t.by_kernel())
 
 
-FAMILIES = ("state", *FOLD_FAMILIES, "stream-fold", "replay", "coefficients", "streams")
+FAMILIES = ("state", *FOLD_FAMILIES, "stream-fold", "stream-fold-prefetch", "replay",
+            "coefficients", "streams")
 
 
 def main(argv=None) -> int:
@@ -358,7 +375,9 @@ def main(argv=None) -> int:
                  help="sweep these families only (coefficients: the split form's "
                       "coefficients kernel variants, without the other forms; streams: its "
                       "stream's launches; fold-tunings: the fold's tile launches alone; "
-                      "fold-orders: the orders of a fold record's loads)")
+                      "fold-orders: the orders of a fold record's loads; fold-prefetch and "
+                      "stream-fold-prefetch: the cache prefetches of the fold kernel and of "
+                      "the stream's fold)")
   p.add_argument("--knobs", nargs="+", metavar="NAME",
                  help="coefficients: only the variants that set these keyword arguments of "
                       "replay_split.replay_verify_split (e.g. coefficient_key_split)")
@@ -373,7 +392,8 @@ def main(argv=None) -> int:
   start = time.monotonic()
   gens = []
   only = set(args.only or FAMILIES) - (
-      {"coefficients", "streams", "fold-orders"} if not args.only else set())
+      {"coefficients", "streams", "fold-orders", "fold-prefetch", "stream-fold-prefetch"}
+      if not args.only else set())
   for B in args.batch:
     if "state" in only:
       gens.append(sweep_state(gdn, B, args.reps, backend=args.backend))
@@ -383,6 +403,10 @@ def main(argv=None) -> int:
                if f in only and not (f == "fold-tunings" and "fold" in only)]
     if "stream-fold" in only and args.backend == "pallas":
       gens.append(sweep_stream_fold(gdn, B, args.reps))
+    prefetch_levels = [x for x in fold_kernels.PREFETCH_RECORDS_TO if x != "off"]
+    if "stream-fold-prefetch" in only and args.backend == "pallas":
+      gens.append(sweep_stream_fold(gdn, B, args.reps,
+                                    prefetch_levels=("off", *prefetch_levels)))
     if "replay" in only or "coefficients" in only:
       forms = "replay" in only
       gens += [sweep_replay(gdn, B, T, 8, args.reps, backend=args.backend, forms=forms,

@@ -46,6 +46,26 @@ def row_ids(ndim: int = 3) -> tuple:
   return ids if TILE_GRID == "rows" else ids[::-1]
 
 
+def row_ids_ahead(distance: int, ndim: int = 3) -> tuple:
+  """``(valid, row, *axes)`` of the program launched ``distance`` after the running one.
+
+  Triton launches a grid with its first axis fastest; ``valid`` is false past the grid's end.
+  """
+  ids = [pl.program_id(i) for i in range(ndim)]
+  sizes = [pl.num_programs(i) for i in range(ndim)]
+  linear = ids[-1]
+  for i in reversed(range(ndim - 1)):
+    linear = linear * sizes[i] + ids[i]
+  linear = linear + distance
+  ahead = []
+  for size in sizes[:-1]:
+    ahead.append(linear % size)
+    linear = linear // size
+  ahead.append(linear)
+  valid = linear < sizes[-1]
+  return (valid, *(ahead if TILE_GRID == "rows" else ahead[::-1]))
+
+
 def interpret_mode() -> bool:
   """Pallas kernels run interpreted unless JAX's default backend is a GPU."""
   return jax.default_backend() not in GPU_PLATFORMS

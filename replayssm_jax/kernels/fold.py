@@ -24,8 +24,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
+from replayssm_jax.kernels import prefetch as cache
 from replayssm_jax.kernels import tile
-from replayssm_jax.kernels.backend import KernelTuning, row_grid, row_ids
+from replayssm_jax.kernels.backend import KernelTuning, row_grid, row_ids, row_ids_ahead
 from replayssm_jax.kernels.recurrent import scatter_rows
 
 # The fold's own launch, beyond the shared tuning (none changes its bits): how many tiles a
@@ -53,6 +54,17 @@ FOLD_PREFETCH_AT = "end"
 # the update moved none (runs 22-23; removed). All the same bits; the shipped order stays.
 RECORD_LOADS = ("k", "norm", "v", "g", "beta")
 FOLD_RECORD_ORDER = RECORD_LOADS
+# Cache prefetches (`prefetch`; none changes a bit): a program asks the cache level
+# `FOLD_PREFETCH_RECORDS_TO` ("L1", "L2" or "off") for the lines of all its records when it
+# starts, so the record loop's loads, issued one update ahead, find them cached; and it asks
+# L2 for the checkpoint tile of the program `FOLD_PREFETCH_TILE_AHEAD` launches after it (0:
+# none), so that program's first load finds it there. H200, 12 records (benchmarks/NOTES.md
+# run 24, `bench.sweep --only fold-prefetch`): the records to L1 or L2, B=256 441.2 -> 408.9 us,
+# B=512 860.8 -> 798.3, B=64 125.0 -> 114.2; with the tile 132 programs ahead (one an SM)
+# 397.6 / 774.9 / 111.8 (264: 398.4; 528: 400.8; 792: 408.9; the tile alone: no gain).
+PREFETCH_RECORDS_TO = (*cache.LEVELS, "off")
+FOLD_PREFETCH_RECORDS_TO = "L1"
+FOLD_PREFETCH_TILE_AHEAD = 132
 # The cache rings `fold` reads, in the order of its arguments.
 RING_NAMES = ("ring_rawk", "ring_rawv", "ring_g", "ring_beta")
 
@@ -65,7 +77,9 @@ class FoldLoop(NamedTuple):
   one after the other or in one loop (``interleave``), record i + 1 loaded while record i is
   applied (``prefetch``), before or after its update (``prefetch_at``, `PREFETCH_ATS`), its k
   normalised when loaded (``normalize_ahead``) or where used, and the order of a record's
-  loads (``record_order``, a permutation of `RECORD_LOADS` with the norm after k). The fold
+  loads (``record_order``, a permutation of `RECORD_LOADS` with the norm after k), and the
+  cache level a program prefetches its records to when it starts (``prefetch_records_to``,
+  `prefetch.LEVELS` or None; compiled only). The fold
   kernel, the split form's stream and the one-kernel verify forms each hold one.
   """
 
@@ -76,6 +90,16 @@ class FoldLoop(NamedTuple):
   normalize_ahead: bool = False
   prefetch_at: str = "start"
   record_order: tuple[str, ...] = RECORD_LOADS
+  prefetch_records_to: str | None = None
+
+
+def records_level(prefetch_records_to: str | None, default: str) -> str | None:
+  """`FoldLoop.prefetch_records_to` of an argument: one of `PREFETCH_RECORDS_TO` ("off":
+  None), or None for ``default``."""
+  level = default if prefetch_records_to is None else prefetch_records_to
+  if level not in PREFETCH_RECORDS_TO:
+    raise ValueError(f"prefetch_records_to={level!r}; expected one of {PREFETCH_RECORDS_TO}.")
+  return None if level == "off" else level
 
 
 def check_record_order(order: tuple[str, ...]) -> None:
@@ -88,7 +112,8 @@ def check_record_order(order: tuple[str, ...]) -> None:
 def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, *, slot, h, kh,
               rows: pl.Slice | tuple[pl.Slice, ...], count, base, ring_len: int, k_chunk: int,
               prefetch: bool, compiled: bool, normalize_ahead: bool = False,
-              prefetch_at: str = "start", record_order: tuple[str, ...] = RECORD_LOADS) -> None:
+              prefetch_at: str = "start", record_order: tuple[str, ...] = RECORD_LOADS,
+              prefetch_records_to: str | None = None) -> None:
   """Replay ``count`` records of (slot, value head h) into ``ssm_ref[slot, h, rows, :]`` in place.
 
   The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
@@ -98,8 +123,8 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
   Record i is read at ring index ``(base + i) & (ring_len - 1)``; raw k is normalised as the
   recurrent kernels normalise it, where it is used or, with ``prefetch`` and
   ``normalize_ahead``, when it is loaded. ``prefetch_at`` (`PREFETCH_ATS`): whether record
-  i + 1 is loaded before record i's update ("start") or after it ("end"). ``record_order``:
-  as `FoldLoop`'s.
+  i + 1 is loaded before record i's update ("start") or after it ("end"). ``record_order``
+  and ``prefetch_records_to``: as `FoldLoop`'s.
   """
   K = ssm_ref.shape[-1]
   tiles = rows if isinstance(rows, tuple) else (rows,)
@@ -127,6 +152,17 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
                  for S_t, v_t in zip(S, v))
 
   S = tuple(tile.load(ssm_ref, (slot, h, r), K, k_chunk) for r in tiles)
+  if prefetch_records_to is not None and compiled:
+    # Every record's lines while the tile loads: raw k (a row of K), this program's columns of
+    # raw v, and the rows of g and beta; records past `count` repeat the last.
+    p = (base + jnp.minimum(jnp.arange(ring_len, dtype=jnp.int32), count - 1)) & (ring_len - 1)
+    lines = functools.partial(cache.prefetch_lines, level=prefetch_records_to)
+    lines(ring_rawk_ref, (slot, kh), p, 0, K)
+    for r in tiles:
+      lines(ring_rawv_ref, (slot, h), p, r.start, r.size)
+    first = jnp.zeros((1,), jnp.int32)
+    for ring in (ring_g_ref, ring_beta_ref):
+      cache.prefetch(ring, (slot, h, first), level=prefetch_records_to)
   if prefetch:
     # Record i + 1 is loaded (and normalised ahead) while record i is applied, so its memory
     # latency (and the norm's reductions) hide behind an update; the last load reads a ring
@@ -154,7 +190,8 @@ def fold_tiles(ssm_ref, *rings, loop: FoldLoop, first_row, tiles: int, **kw) -> 
   ``loop``'s record loop. ``rings``: rawk, rawv, g, beta; ``kw``: the rest of `fold_rows`'s
   arguments (slot, h, kh, count, base, ring_len, compiled)."""
   kw.update(k_chunk=loop.k_chunk, prefetch=loop.prefetch, normalize_ahead=loop.normalize_ahead,
-            prefetch_at=loop.prefetch_at, record_order=loop.record_order)
+            prefetch_at=loop.prefetch_at, record_order=loop.record_order,
+            prefetch_records_to=loop.prefetch_records_to)
   tile_rows = lambda t: pl.ds(first_row + t * loop.block_v, loop.block_v)
   if loop.interleave:
     fold_rows(ssm_ref, *rings, rows=tuple(tile_rows(t) for t in range(tiles)), **kw)
@@ -198,16 +235,31 @@ def _fold_kernel(
     gqa_ratio: int,
     loop: FoldLoop,
     v_blocks: int,
+    tile_ahead: int,
     compiled: bool,
 ):
   del ssm_in_ref  # the same buffer as ssm_ref
   row, h, j = row_ids()
   slot, count, base = slot_ids_ref[row], count_ref[row], cache_base_ref[row]
+  rows = v_blocks * loop.block_v
+  if tile_ahead and compiled:
+    # The checkpoint tile of the program launched `tile_ahead` after this one, into L2, if it
+    # folds: programs start in launch order as others end, so it starts about when this one
+    # is done with its tile and records.
+    valid, row_n, h_n, j_n = row_ids_ahead(tile_ahead)
+    row_n = jnp.minimum(row_n, slot_ids_ref.shape[0] - 1)
+    slot_n = slot_ids_ref[row_n]
+
+    @pl.when(valid & (slot_n >= 0) & (count_ref[row_n] > 0))
+    def _tile_ahead():
+      K = ssm_ref.shape[-1]
+      first = j_n * rows + jnp.arange(rows, dtype=jnp.int32)
+      cache.prefetch_lines(ssm_ref, (slot_n, h_n), first, 0, K, level="L2")
 
   @pl.when((slot >= 0) & (count > 0))
   def _fold():
     fold_tiles(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, loop=loop,
-               first_row=j * v_blocks * loop.block_v, tiles=v_blocks, slot=slot, h=h,
+               first_row=j * rows, tiles=v_blocks, slot=slot, h=h,
                kh=h // gqa_ratio, count=count, base=base, ring_len=ring_len, compiled=compiled)
 
 
@@ -229,12 +281,14 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
 
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch",
                                              "interleave", "normalize_ahead", "prefetch_at",
-                                             "record_order"))
+                                             "record_order", "prefetch_records_to",
+                                             "prefetch_tile_ahead"))
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
          tuning: KernelTuning, interpret: bool, v_blocks: int | None = None,
          prefetch: bool | None = None, interleave: bool | None = None,
          normalize_ahead: bool | None = None, prefetch_at: str | None = None,
-         record_order: tuple[str, ...] | None = None):
+         record_order: tuple[str, ...] | None = None, prefetch_records_to: str | None = None,
+         prefetch_tile_ahead: int | None = None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
@@ -256,6 +310,10 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       or after it ("end"; default `FOLD_PREFETCH_AT`).
     record_order: the order of a record's loads, a permutation of `RECORD_LOADS` with "norm"
       (k normalised ahead) after "k" (default `FOLD_RECORD_ORDER`).
+    prefetch_records_to: the cache level ("L1", "L2") a program prefetches its records to
+      when it starts, or "off" (`PREFETCH_RECORDS_TO`; default `FOLD_PREFETCH_RECORDS_TO`).
+    prefetch_tile_ahead: prefetch into L2 the checkpoint tile of the program this many
+      launches later, 0 for none (default `FOLD_PREFETCH_TILE_AHEAD`).
     None changes the arithmetic: every launch folds to the same bits.
 
   Returns:
@@ -272,13 +330,17 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
       interleave=FOLD_INTERLEAVE if interleave is None else interleave,
       normalize_ahead=FOLD_NORMALIZE_AHEAD if normalize_ahead is None else normalize_ahead,
       prefetch_at=FOLD_PREFETCH_AT if prefetch_at is None else prefetch_at,
-      record_order=FOLD_RECORD_ORDER if record_order is None else tuple(record_order))
+      record_order=FOLD_RECORD_ORDER if record_order is None else tuple(record_order),
+      prefetch_records_to=records_level(prefetch_records_to, FOLD_PREFETCH_RECORDS_TO))
+  tile_ahead = FOLD_PREFETCH_TILE_AHEAD if prefetch_tile_ahead is None else prefetch_tile_ahead
+  if tile_ahead < 0:
+    raise ValueError(f"fold: prefetch_tile_ahead={tile_ahead} must be >= 0.")
   if v_blocks < 1 or tiles % v_blocks:
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
   order_tag = "".join(n[0] for n in loop.record_order)  # kernel names take no "-"
   kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, loop=loop,
-                             v_blocks=v_blocks, compiled=not interpret)
+                             v_blocks=v_blocks, tile_ahead=tile_ahead, compiled=not interpret)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
   return pl.pallas_call(
@@ -292,7 +354,9 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
            f"_vb{v_blocks}{'_il' if loop.interleave else ''}{'_pf' if loop.prefetch else ''}"
            f"{'_na' if loop.prefetch and loop.normalize_ahead else ''}"
            f"{'_end' if loop.prefetch and loop.prefetch_at == 'end' else ''}"
-           f"{'' if loop.record_order == RECORD_LOADS else '_o' + order_tag}",
+           f"{'' if loop.record_order == RECORD_LOADS else '_o' + order_tag}"
+           f"{'_c' + loop.prefetch_records_to if loop.prefetch_records_to else ''}"
+           f"{f'_t{tile_ahead}' if tile_ahead else ''}",
   )(*inputs.values())
 
 

@@ -410,6 +410,11 @@ STREAM_FOLD_PREFETCH = True
 # 734.6 us, a step without a fold 220 -> 258: its registers go from 168 to 244 a thread, and its
 # programs per SM from 3 to 2.
 STREAM_FOLD_INTERLEAVE = False
+# The cache level the stream's folding programs prefetch their records to (`fold.FoldLoop`'s
+# ``prefetch_records_to``): "L1", "L2" or "off". Where the fold kernel gains 7%, the stream loses
+# (H200, B=256, every row folding 12 records, benchmarks/NOTES.md run 24: 682.2 -> 694.3 us to
+# L1, 693.3 to L2; a step without a fold even): off.
+STREAM_FOLD_PREFETCH_RECORDS_TO = "off"
 
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
@@ -453,7 +458,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
 
 @functools.partial(jax.jit, static_argnames=(*_SPLIT_STATIC, "fold_tuning", "fold_block_v",
                                              "prefetch", "fold_interleave", "fold_launch",
-                                             "fold_first", "launch_order"))
+                                             "fold_first", "launch_order",
+                                             "fold_prefetch_records_to"))
 def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                              q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
                              fold_count, fold_base, *, tuning: KernelTuning,
@@ -461,6 +467,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              fold_block_v: int | None = None, prefetch: bool | None = None,
                              fold_interleave: bool | None = None, fold_launch: str | None = None,
                              fold_first: bool | None = None, launch_order: str | None = None,
+                             fold_prefetch_records_to: str | None = None,
                              coefficients: str = "pallas",
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
@@ -482,8 +489,9 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   updated in place. ``fold_launch`` (default `FOLD_LAUNCH`): the folding rows streamed in the
   same launch as the others (``"shared"``) or in one of their own, skipped when no row folds
   (``"own"``); ``fold_first`` (default `STREAM_FOLD_FIRST`): the folding rows' programs
-  launched first, in the order that ``launch_order`` computes (default `LAUNCH_ORDER`). The
-  same bits.
+  launched first, in the order that ``launch_order`` computes (default `LAUNCH_ORDER`);
+  ``fold_prefetch_records_to`` (default `STREAM_FOLD_PREFETCH_RECORDS_TO`): the cache level
+  a folding program prefetches its records to, or "off". The same bits.
 
   The bitwise tie: rows are independent, but the order of each sum over K follows how Triton
   lays a ``[fold_block_v, k_chunk]`` chunk over the program's threads. The default,
@@ -502,7 +510,9 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   loop = fold_kernels.FoldLoop(
       block_v=fold_block_v, k_chunk=fold_tuning.k_chunk,
       prefetch=STREAM_FOLD_PREFETCH if prefetch is None else prefetch,
-      interleave=STREAM_FOLD_INTERLEAVE if fold_interleave is None else fold_interleave)
+      interleave=STREAM_FOLD_INTERLEAVE if fold_interleave is None else fold_interleave,
+      prefetch_records_to=fold_kernels.records_level(fold_prefetch_records_to,
+                                                     STREAM_FOLD_PREFETCH_RECORDS_TO))
   fold = StreamFold(loop=loop,
                     launch=_choice("fold_launch", fold_launch or FOLD_LAUNCH, FOLD_LAUNCHES),
                     first=STREAM_FOLD_FIRST if fold_first is None else fold_first,
