@@ -129,7 +129,7 @@ class KernelTuning:
     of 32) ran the recurrent verify in 789 us, decode in 301 us and the 12-record fold in 595 us;
     (32, 4) with whole K rows, the old default, 775 / 307 / 828 us. Run 17, with the grid in
     memory order (`TILE_GRID`): 723 / 287 us; the fold, with its own launch (`fold.fold`), 441
-    us since run 18.
+    us since run 18, 398 with its cache prefetches since run 24.
     """
     return cls(block_v=min(32, V), num_warps=2, k_chunk=32)
 
