@@ -217,9 +217,10 @@ FOLD_RECORD_ORDERS = [fold_kernels.RECORD_LOADS, ("k", "v", "beta", "norm", "g")
                       ("g", "k", "norm", "v", "beta"), ("k", "g", "norm", "v", "beta"),
                       ("k", "norm", "g", "v", "beta"), ("k", "v", "g", "beta", "norm"),
                       ("k", "g", "v", "beta", "norm")]
-# Cache prefetches in the shipped launch (`fold.prefetch_records_to`, `prefetch_tile_ahead`):
-# the records to L1 or L2 when a program starts, and the checkpoint tile of the program a
-# wave (1056 programs of the fold at 8 an SM), half or a quarter of one later into L2.
+# Cache prefetches in the shipped launch (`fold.fold`'s ``prefetch_records_to`` and
+# ``prefetch_tile_ahead``), none first: the records to L1 or L2 when a program starts, and the
+# checkpoint tile of the program 132 (one an SM) to 792 launches later into L2 (a wave of the
+# fold is 1056 programs, 8 an SM), with the records and alone.
 FOLD_PREFETCHES = [("off", 0), ("L1", 0), ("L2", 0), ("L1", 132), ("L1", 264), ("L1", 396),
                    ("L1", 528), ("L1", 792), ("L2", 528), ("off", 528)]
 FOLD_FAMILIES = ("fold", "fold-tunings", "fold-orders", "fold-prefetch")
@@ -403,10 +404,9 @@ def main(argv=None) -> int:
                if f in only and not (f == "fold-tunings" and "fold" in only)]
     if "stream-fold" in only and args.backend == "pallas":
       gens.append(sweep_stream_fold(gdn, B, args.reps))
-    prefetch_levels = [x for x in fold_kernels.PREFETCH_RECORDS_TO if x != "off"]
     if "stream-fold-prefetch" in only and args.backend == "pallas":
       gens.append(sweep_stream_fold(gdn, B, args.reps,
-                                    prefetch_levels=("off", *prefetch_levels)))
+                                    prefetch_levels=fold_kernels.PREFETCH_RECORDS_TO))
     if "replay" in only or "coefficients" in only:
       forms = "replay" in only
       gens += [sweep_replay(gdn, B, T, 8, args.reps, backend=args.backend, forms=forms,

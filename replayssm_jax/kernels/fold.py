@@ -62,7 +62,7 @@ FOLD_RECORD_ORDER = RECORD_LOADS
 # run 24, `bench.sweep --only fold-prefetch`): the records to L1 or L2, B=256 441.2 -> 408.9 us,
 # B=512 860.8 -> 798.3, B=64 125.0 -> 114.2; with the tile 132 programs ahead (one an SM)
 # 397.6 / 774.9 / 111.8 (264: 398.4; 528: 400.8; 792: 408.9; the tile alone: no gain).
-PREFETCH_RECORDS_TO = (*cache.LEVELS, "off")
+PREFETCH_RECORDS_TO = ("off", *cache.LEVELS)
 FOLD_PREFETCH_RECORDS_TO = "L1"
 FOLD_PREFETCH_TILE_AHEAD = 132
 # The cache rings `fold` reads, in the order of its arguments.
@@ -79,8 +79,8 @@ class FoldLoop(NamedTuple):
   normalised when loaded (``normalize_ahead``) or where used, and the order of a record's
   loads (``record_order``, a permutation of `RECORD_LOADS` with the norm after k), and the
   cache level a program prefetches its records to when it starts (``prefetch_records_to``,
-  `prefetch.LEVELS` or None; compiled only). The fold
-  kernel, the split form's stream and the one-kernel verify forms each hold one.
+  `prefetch.LEVELS` or None; compiled only). The fold kernel, the split form's stream and the
+  one-kernel verify forms each hold one.
   """
 
   block_v: int
