@@ -160,9 +160,8 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
     lines(ring_rawk_ref, (slot, kh), p, 0, K)
     for r in tiles:
       lines(ring_rawv_ref, (slot, h), p, r.start, r.size)
-    first = jnp.zeros((1,), jnp.int32)
-    for ring in (ring_g_ref, ring_beta_ref):
-      cache.prefetch(ring, (slot, h, first), level=prefetch_records_to)
+    for ring in (ring_g_ref, ring_beta_ref):  # [slots, HV, L]: the row of head h
+      lines(ring, (slot,), jnp.full((1,), h, jnp.int32), 0, ring_len)
   if prefetch:
     # Record i + 1 is loaded (and normalised ahead) while record i is applied, so its memory
     # latency (and the norm's reductions) hide behind an update; the last load reads a ring

@@ -14,7 +14,7 @@ go into one inline PTX prefetch each (``pure=False``, so nothing removes it). A 
 It only hints the caches: no value, no bit and no ordering of the kernel depends on it, so
 the interpreter (CPU) issues nothing (`prefetch` is called only when compiled).
 
-The rule reads two private helpers of ``jax._src.pallas.triton.lowering``
+The rule reads three private helpers of ``jax._src.pallas.triton.lowering``
 (``_compute_offsets_from_indices``, ``_bcast_to``, ``_add``); ``tests/test_lowering.py``
 lowers it with the installed JAX, so a change there shows at once.
 """
