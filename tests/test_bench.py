@@ -287,8 +287,7 @@ def test_sweep_coefficients_smoke(tmp_path):
   rows = json.loads(out.read_text())["rows"]
   assert not [r for r in rows if "error" in r] and all(r["median_us"] > 0 for r in rows)
   assert {r["kernel"] for r in rows} == {"replay_verify_split_T4", "replay_verify_split_T1"}
-  knobs = [{n: v for n, v in r.items() if n.startswith(("coefficient_", "checkpoint_"))}
-           for r in rows]
+  knobs = [{n: v for n, v in r.items() if n.startswith("coefficient_")} for r in rows]
   expected = sweep.split_variants(kernels.TINY, 4) + sweep.split_variants(kernels.TINY, 1)
   assert sorted(map(str, filter(None, knobs))) == sorted(map(str, expected))
   assert knobs.count({}) == 2  # the defaults, once per window

@@ -352,25 +352,6 @@ def test_coefficient_loads_first_same_bits(c: Case, interpret):
     np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows, start, level", [
-    (2, "last", "bulk"), (9, "last", "bulk"), (2, "extra", "bulk"), (2, "reversed", "bulk"),
-    (3, "last", "L2"), (2, "extra", "L2::evict_last")])
-def test_checkpoint_prefetch_same_bits(rows, start, level):
-  """The coefficients kernel asking L2 for the stream's first checkpoint rows (more rows than
-  the batch: all) changes no bit of the outputs and rings, a padding row included."""
-  c = CASES[0]
-  inp = make_inputs(c)
-  run = functools.partial(replay_split.replay_verify_split, **inp,
-                          tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
-                          interpret=False)
-  default = run(checkpoint_prefetch_rows=0)
-  asked = run(checkpoint_prefetch_rows=rows, checkpoint_prefetch_from=start,
-              checkpoint_prefetch_level=level)
-  for name, x, y in zip(("o", *RING_NAMES), default, asked):
-    np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
-
-
 def _flush_some_rows(inp, c: Case):
   """Cursors of a step in which the rows with a full ring (write_pos L - T) fold their history
   first: per row the records to fold, their first ring index, and the cursors the window then

@@ -16,7 +16,6 @@ import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
 from replayssm_jax.kernels import fold, launch_order, recurrent, replay_split, replay_verify
-from replayssm_jax.kernels import prefetch as cache
 from replayssm_jax.kernels.backend import KernelTuning
 
 H, HV, K, V, SLOTS, B, L = 16, 32, 128, 128, 8, 4, 16
@@ -190,35 +189,3 @@ def test_stream_fold_prefetch_lowers(records):
       STATE, *RINGS, *window(4), ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32),
       ((B,), jnp.int32))
   assert ("prefetch.global.L1" in text) == (records == "L1")
-
-
-@pytest.mark.parametrize("rows, start, level, bulk, lines", [
-    (0, "last", "bulk", 0, 0), (2, "last", "bulk", 1, 0), (2, "extra", "bulk", 1, 0),
-    (2, "reversed", "bulk", 1, 0), (3, "last", "L2", 0, 1), (2, "extra", "L2::evict_last", 0, 1)])
-def test_checkpoint_prefetch_lowers(rows, start, level, bulk, lines):
-  """The coefficients kernel asks L2 for the stream's first checkpoint rows as asked: one bulk
-  prefetch, or prefetches a line (with ``evict_last`` when so asked); nothing at 0 rows."""
-  text = lower(functools.partial(
-      replay_split.replay_verify_split, tuning=KernelTuning.replay_default(V, 4, 256),
-      dot_precision="default", interpret=False, checkpoint_prefetch_rows=rows,
-      checkpoint_prefetch_from=start, checkpoint_prefetch_level=level),
-      STATE, *RINGS, *window(4), ((B,), jnp.int32), ((B,), jnp.int32))
-  assert text.count("cp.async.bulk.prefetch.L2.global") == bulk
-  assert text.count("prefetch.global.L2") == lines
-  assert ("L2::evict_last" in text) == (level == "L2::evict_last")
-  assert ("replay_coefficients_T4_pf" in text) == (rows > 0)
-
-
-def test_checkpoint_prefetch_bad_arguments():
-  """A prefetch way or source that does not exist, or a bulk size the copy engine cannot
-  take, is refused with the choices in the message."""
-  args = [jax.ShapeDtypeStruct(s, d) for s, d in (STATE, *RINGS, *window(4), ((B,), jnp.int32),
-                                                  ((B,), jnp.int32))]
-  for kw, match in [(dict(checkpoint_prefetch_level="L1"), "bulk"),
-                    (dict(checkpoint_prefetch_from="first"), "reversed")]:
-    with pytest.raises(ValueError, match=match):
-      jax.eval_shape(functools.partial(
-          replay_split.replay_verify_split, tuning=KernelTuning.replay_default(V, 4, 256),
-          dot_precision="default", interpret=True, **kw), *args)
-  with pytest.raises(ValueError, match="multiple of 16"):
-    cache.prefetch_bulk(jnp.zeros((4,)), (0,), 24)

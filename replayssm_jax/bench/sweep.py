@@ -71,14 +71,7 @@ SPLIT_VARIANTS = (
        dict(coefficient_inline=None), dict(coefficient_inline=0),  # products written out
        dict(coefficient_key_mma=False), dict(coefficient_key_mma=True),  # key products' cores
        dict(coefficient_key_split=False), dict(coefficient_key_split=True),  # tf32 or bf16 x 2
-       dict(coefficient_loads_first=False), dict(coefficient_loads_first=True)]  # load order
-    # the stream's first checkpoint rows asked of L2 by the coefficients kernel: how many,
-    # from which programs, in which way (`replay_split.CHECKPOINT_PREFETCH_*`)
-    + [dict(checkpoint_prefetch_rows=r) for r in (6, 12, 18, 24)]
-    + [dict(checkpoint_prefetch_rows=12, checkpoint_prefetch_from=f)
-       for f in replay_split.CHECKPOINT_PREFETCH_FROMS]
-    + [dict(checkpoint_prefetch_rows=12, checkpoint_prefetch_level=level)
-       for level in replay_split.CHECKPOINT_PREFETCH_LEVELS])
+       dict(coefficient_loads_first=False), dict(coefficient_loads_first=True)])  # load order
 
 
 # Launches of the split form's checkpoint stream beside the default (`KernelTuning.

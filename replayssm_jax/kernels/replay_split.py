@@ -42,7 +42,6 @@ products exact fp32, as in the UT form.
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -52,7 +51,6 @@ from jax.experimental import pallas as pl
 from replayssm_jax import reference
 from replayssm_jax.config import next_power_of_two
 from replayssm_jax.kernels import fold as fold_kernels
-from replayssm_jax.kernels import prefetch as cache
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, row_grid, row_ids
 from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_order_pallas
 from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_inputs,
@@ -93,23 +91,6 @@ COEFFICIENT_KEY_SPLIT = False
 # profiled).
 COEFFICIENT_LOADS_FIRST = None
 LOADS_FIRST_MAX_PROGRAMS = 1024
-# Bytes of checkpoint the coefficients kernel asks L2 for on the stream's behalf (whole rows,
-# `default_prefetch_rows`). The kernel is latency-bound (two waves of one-warp programs,
-# benchmarks/NOTES.md run 20) and leaves the memory idle for its ~29 us at B=256, after which
-# the stream reads the checkpoint in row order at the copy rate; the stream's first rows, the
-# lines the kernel's last programs prefetch, then come from L2 (`CHECKPOINT_PREFETCH_LEVEL`).
-# Only for the plain stream, whose first rows are rows 0, 1, ... (with a fold, the folding
-# rows start first, `STREAM_FOLD_FIRST`).
-# The ways to ask: "bulk", one `prefetch.prefetch_bulk` of the program's tiles (no register a
-# line); "L2" and "L2::evict_last", one `prefetch.prefetch` a line (L1 would not outlive the
-# kernel).
-CHECKPOINT_PREFETCH_LEVELS = ("bulk", "L2", "L2::evict_last")
-CHECKPOINT_PREFETCH_BYTES = 0
-CHECKPOINT_PREFETCH_LEVEL = "bulk"
-# Which programs ask: "last", those of the kernel's last rows (they start last); "extra", one
-# more program a key head and prefetched row, after the rows' (no code in the rows' programs).
-CHECKPOINT_PREFETCH_FROMS = ("last", "extra", "reversed")
-CHECKPOINT_PREFETCH_FROM = "last"
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -121,37 +102,21 @@ def _coefficients_kernel(
     ring_k_ref,  # [slots, H, L, K] ring dtype (aliased with ring_k_out_ref)
     ring_g_ref,  # [slots, HV, L] f32 (aliased)
     ring_beta_ref, ring_rawk_ref,  # aliased, not read
-    *refs,  # with prefetch_rows: ssm [slots, HV, V, K] f32 (only prefetched); then the outputs:
-    # x [B, H, 2 T_pad, K] f32 ([q_hat; k_hat]), zh [B, HV, 2 T_pad, L] f32 ([Dh; Oh]),
-    # zt [B, HV, 3, T_pad, T_pad] f32 (P, Dy, M), eq [B, HV, T_pad] f32, and the four rings
-    # (ring_k_out, ring_g_out, ring_beta_out, ring_rawk_out)
-    T: int, L: int, gqa_ratio: int, key_heads: int, stacked: bool, inline: int | None,
+    x_ref,  # [B, H, 2 T_pad, K] f32: [q_hat; k_hat]
+    zh_ref,  # [B, HV, 2 T_pad, L] f32: [Dh; Oh]
+    zt_ref,  # [B, HV, 3, T_pad, T_pad] f32: P, Dy, M
+    eq_ref,  # [B, HV, T_pad] f32
+    ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
+    *, T: int, L: int, gqa_ratio: int, key_heads: int, stacked: bool, inline: int | None,
     key_mma: bool, key_split: bool, loads_first: bool, scale: float, precision_k,
-    precision_t, prefetch_rows: int = 0, prefetch_level: str = CHECKPOINT_PREFETCH_LEVEL,
-    prefetch_from: str = "last"):
+    precision_t):
   """One program per (row, ``key_heads`` key heads): per key head the key-side products once,
-  then each of its value heads. With ``prefetch_rows`` R, the programs of the last R rows
-  first ask ``prefetch_level`` for the checkpoint of rows 0..R-1 at their value heads
-  (`_prefetch_checkpoint`)."""
+  then each of its value heads."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
-  ssm_ref = refs[0] if prefetch_rows else None
-  (x_ref, zh_ref, zt_ref, eq_ref, ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref,
-   ring_rawk_out_ref) = refs[1:] if prefetch_rows else refs
   row, kh_block = row_ids(2)
   first_kh = kh_block * key_heads
-  B = slot_ids_ref.shape[0]
-  if prefetch_rows and prefetch_from == "reversed":
-    row = B - 1 - row
-  extra = prefetch_rows and prefetch_from == "extra"
-  slot = slot_ids_ref[jnp.minimum(row, B - 1) if extra else row]
+  slot = slot_ids_ref[row]
   T_pad = next_power_of_two(T)
-  if prefetch_rows and prefetch_from == "reversed":
-    _prefetch_own(ssm_ref, slot, row < prefetch_rows, first_kh * gqa_ratio,
-                  heads=key_heads * gqa_ratio)
-  elif prefetch_rows:
-    _prefetch_checkpoint(ssm_ref, slot_ids_ref, row, first_kh * gqa_ratio, rows=prefetch_rows,
-                         heads=key_heads * gqa_ratio, level=prefetch_level,
-                         first=B if extra else B - prefetch_rows)
 
   def value_head_inputs(h):  # a value head's window gate inputs and its ring gates
     return (gate_inputs(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T),
@@ -223,43 +188,10 @@ def _coefficients_kernel(
       store_rows(ring_g_out_ref, (slot, h, phys[:, 0]), gates.g, win.in_window)
       store_rows(ring_beta_out_ref, (slot, h, phys[:, 0]), gates.beta, win.in_window)
 
-  @pl.when((slot >= 0) & (row < B) if extra else slot >= 0)  # padding rows: the stream
-  def _coefficients():  # reads none of this
+  @pl.when(slot >= 0)  # padding rows: the stream kernel reads none of this
+  def _coefficients():
     for j in range(key_heads):  # independent chains, interleaved by the compiler
       key_head(first_kh + j)
-
-
-
-def _prefetch_own(ssm_ref, slot, when, first_h, *, heads: int):
-  tile_bytes = math.prod(ssm_ref.shape[2:]) * 4  # one [V, K] f32 tile, contiguous
-  cache.prefetch_bulk(ssm_ref, (jnp.maximum(slot, 0), first_h, 0, 0), heads * tile_bytes,
-                      when=when & (slot >= 0))
-
-
-def _prefetch_checkpoint(ssm_ref, slot_ids_ref, row, first_h, *, rows: int, heads: int,
-                         level: str, first: int):
-  """Ask ``level`` for the ``[V, K]`` checkpoint tiles of row ``row - (B - rows)`` at value
-  heads ``first_h .. first_h + heads - 1``, if ``row`` is one of the last ``rows`` rows: the
-  stream's first rows, prefetched by the coefficients programs that start last, so the lines
-  are asked for late enough to stay in L2 until the stream reads them and early enough to
-  arrive before (a padding row's slot: nothing)."""
-  target = row - first
-  when = (target >= 0) & (target < rows)
-  target = jnp.clip(target, 0, rows - 1)
-  slot = slot_ids_ref[target]
-  tile_bytes = math.prod(ssm_ref.shape[2:]) * 4  # one [V, K] f32 tile, contiguous
-  when &= slot >= 0
-  if level == "bulk":  # the value heads' tiles are adjacent: one range, no branch
-    cache.prefetch_bulk(ssm_ref, (jnp.maximum(slot, 0), first_h, 0, 0), heads * tile_bytes,
-                        when=when)
-    return
-  V, K = ssm_ref.shape[2:]
-  v_rows = jax.lax.broadcasted_iota(jnp.int32, (V,), 0)
-
-  @pl.when(when)
-  def _prefetch():
-    for i in range(heads):
-      cache.prefetch_lines(ssm_ref, (slot, first_h + i), v_rows, 0, K, level=level)
 
 
 def _key_products_mma(win: WindowKeys, ring_rows, valid, precision, *, split: bool):
@@ -368,9 +300,6 @@ class CoefficientLaunch(NamedTuple):
   key_mma: bool | None
   key_split: bool
   loads_first: bool | None
-  prefetch_rows: int | None  # None: by `CHECKPOINT_PREFETCH_BYTES`
-  prefetch_level: str
-  prefetch_from: str
 
 
 def _stream_kernel(
@@ -493,9 +422,7 @@ _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coeffi
                  "coefficient_key_mma", "coefficient_key_split", "coefficient_loads_first")
 
 
-@functools.partial(jax.jit, static_argnames=(*_SPLIT_STATIC, "checkpoint_prefetch_rows",
-                                             "checkpoint_prefetch_level",
-                                             "checkpoint_prefetch_from"))
+@functools.partial(jax.jit, static_argnames=_SPLIT_STATIC)
 def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                         q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
                         tuning: KernelTuning, dot_precision: str, interpret: bool,
@@ -505,10 +432,7 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         coefficient_inline: int | None = COEFFICIENT_INLINE,
                         coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
                         coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT,
-                        coefficient_loads_first: bool | None = COEFFICIENT_LOADS_FIRST,
-                        checkpoint_prefetch_rows: int | None = None,
-                        checkpoint_prefetch_level: str = CHECKPOINT_PREFETCH_LEVEL,
-                        checkpoint_prefetch_from: str = CHECKPOINT_PREFETCH_FROM):
+                        coefficient_loads_first: bool | None = COEFFICIENT_LOADS_FIRST):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
@@ -520,9 +444,7 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   None: from T = 2 on), as two bf16 dots over a bf16 key ring when ``coefficient_key_split``,
   every load issued before the arithmetic when ``coefficient_loads_first`` (None: by T and
   the programs, `COEFFICIENT_LOADS_FIRST`), or ``"xla"``, batched XLA ops (`_coefficients_xla`).
-  The Pallas kernel's last programs ask ``checkpoint_prefetch_level`` for the checkpoint of the
-  stream's first ``checkpoint_prefetch_rows`` rows (None: `default_prefetch_rows`; compiled
-  only). Inputs are checked by the caller.
+  Inputs are checked by the caller.
   """
   o, _, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
                        (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base), None,
@@ -530,9 +452,7 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                        interpret=interpret, launch=CoefficientLaunch(
                            coefficients, coefficient_warps, coefficient_key_heads,
                            coefficient_stacked, coefficient_inline, coefficient_key_mma,
-                           coefficient_key_split, coefficient_loads_first,
-                           checkpoint_prefetch_rows, checkpoint_prefetch_level,
-                           checkpoint_prefetch_from))
+                           coefficient_key_split, coefficient_loads_first))
   return o, *rings
 
 
@@ -605,8 +525,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          launch=CoefficientLaunch(
                              coefficients, coefficient_warps, coefficient_key_heads,
                              coefficient_stacked, coefficient_inline, coefficient_key_mma,
-                             coefficient_key_split, coefficient_loads_first, 0,
-                             CHECKPOINT_PREFETCH_LEVEL, CHECKPOINT_PREFETCH_FROM))
+                             coefficient_key_split, coefficient_loads_first))
   return o, ssm, *rings
 
 
@@ -644,7 +563,7 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   common = dict(T=T, L=L, gqa_ratio=HV // H, precision_t=mma("ieee", T))
 
   scratch, (ring_k, ring_g, ring_beta, ring_rawk) = _coefficients(
-      window, (ring_k, ring_g, ring_beta, ring_rawk), cursors, ssm, launch=launch,
+      window, (ring_k, ring_g, ring_beta, ring_rawk), cursors, launch=launch,
       dot_precision=dot_precision, interpret=interpret, common=common)
 
   stream = functools.partial(_stream, v, scratch, tuning=tuning, interpret=interpret,
@@ -676,20 +595,11 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   return o, ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)
 
 
-def default_prefetch_rows(ssm_shape: tuple[int, ...], B: int,
-                             prefetch_bytes: int | None = None) -> int:
-  """Whole checkpoint rows in ``prefetch_bytes`` (default `CHECKPOINT_PREFETCH_BYTES`), at
-  most B."""
-  prefetch_bytes = CHECKPOINT_PREFETCH_BYTES if prefetch_bytes is None else prefetch_bytes
-  row_bytes = math.prod(ssm_shape[1:]) * 4
-  return min(B, prefetch_bytes // row_bytes)
-
-
-def _coefficients(window, key_rings, cursors, ssm, *, launch: CoefficientLaunch,
-                  dot_precision: str, interpret: bool, common: dict):
+def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_precision: str,
+                  interpret: bool, common: dict):
   """One launch of `_coefficients_kernel` (or `_coefficients_xla`): ``(scratch, key_rings)``,
   the stream's ``(x, zh, zt, eq)`` and ``(ring_k, ring_g, ring_beta, ring_rawk)`` with the
-  window's records written in place; ``ssm`` is only prefetched (`CoefficientLaunch`)."""
+  window's records written in place."""
   q, k, _, a, b, A_log, dt_bias = window
   slot_ids, write_pos, cache_base = cursors
   B, T, H, K = q.shape
@@ -711,28 +621,18 @@ def _coefficients(window, key_rings, cursors, ssm, *, launch: CoefficientLaunch,
              jax.ShapeDtypeStruct((B, HV, 2 * T_pad, L), f32),
              jax.ShapeDtypeStruct((B, HV, 3, T_pad, T_pad), f32),
              jax.ShapeDtypeStruct((B, HV, T_pad), f32))
-  prefetch_rows = 0 if interpret else (
-      default_prefetch_rows(ssm.shape, B) if launch.prefetch_rows is None
-      else min(B, launch.prefetch_rows))
-  _choice("checkpoint_prefetch_level", launch.prefetch_level, CHECKPOINT_PREFETCH_LEVELS)
-  _choice("checkpoint_prefetch_from", launch.prefetch_from, CHECKPOINT_PREFETCH_FROMS)
   inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
-  rings_at = len(inputs) - 4
-  inputs += (ssm,) if prefetch_rows else ()
   *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
       functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=launch.key_heads,
                         stacked=launch.stacked, inline=launch.inline, key_mma=key_mma,
                         key_split=launch.key_split, loads_first=loads_first,
-                        precision_k=mma(dot_precision, K), prefetch_rows=prefetch_rows,
-                        prefetch_level=launch.prefetch_level,
-                        prefetch_from=launch.prefetch_from, **common),
+                        precision_k=mma(dot_precision, K), **common),
       out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
-      grid=row_grid(B + (prefetch_rows if launch.prefetch_from == "extra" else 0),
-                    H // launch.key_heads),
-      input_output_aliases={rings_at + i: len(scratch) + i for i in range(4)},
+      grid=row_grid(B, H // launch.key_heads),
+      input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
       interpret=interpret,
       compiler_params=KernelTuning(num_warps=launch.warps, num_stages=1).compiler_params(),
-      name=f"replay_coefficients_T{T}{f'_pf{prefetch_rows}' if prefetch_rows else ''}",
+      name=f"replay_coefficients_T{T}",
   )(*inputs)
   return tuple(scratch), (ring_k, ring_g, ring_beta, ring_rawk)
 
