@@ -185,7 +185,10 @@ class SpecConfig:
       the fold-first launch (runs 12, 13), which alone takes decode out of phase to 59.9 us
       at B=64 and 204.8 at B=256, and the fold inside the vector decode form below B=64
       (run 16), which takes B=16 to 24.4 us, and to 19.2 with ``fold_together=8``. Worth
-      setting (to about ``ring_len // 2``) where decode steps dominate at small B.
+      setting (to about ``ring_len // 2``) where decode steps dominate at small B. The
+      Pallas decode from 64 rows then folds in the fold kernel, not in its stream
+      (`ssm.FUSE_FOLD_BELOW`; run 25, B=256 out of phase 214.3 -> 205.3 us, B=64 64.0 ->
+      61.5).
   """
 
   draft_tokens: int = 4

@@ -14,8 +14,8 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
   records; commit only moves cursors. With the Pallas backend the fold runs inside the replay
   verify: in its checkpoint stream in the split form (windows of 16 to 127 rows, decode from
   64, `FUSE_FOLD_BELOW`), in the one kernel of the UT and vector forms below those sizes
-  (`FUSE_FOLD_ONE_KERNEL`); otherwise (windows from 128 rows) it is a kernel of its own,
-  skipped on the device when no row folds (`SKIP_IDLE_FOLD`).
+  (`FUSE_FOLD_ONE_KERNEL`); otherwise (windows from 128 rows, decode with `fold_together`) it
+  is a kernel of its own, skipped on the device when no row folds (`SKIP_IDLE_FOLD`).
   With `SpecConfig.fold_together`, the rows of a step that folds also fold along when they
   hold that many records, which keeps rows in phase (exact all the same).
 
@@ -84,8 +84,8 @@ _jit = functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("c
 SKIP_IDLE_FOLD = True
 # Below which batch size the Pallas split replay verify folds the flush rows in its stream
 # kernel, where the checkpoint is read anyway (`replay_verify.fold_and_replay_verify`), in
-# place of the fold kernel before it, by kind of step ("window": T > 1, "decode": T = 1; None:
-# at every size). The fused fold's code costs the stream occupancy in every step (no fold:
+# place of the fold kernel before it, by kind of step ("window": T > 1, "decode": T = 1,
+# "decode-together": T = 1 with `SpecConfig.fold_together`; None: at every size). The fused fold's code costs the stream occupancy in every step (no fold:
 # 213 -> 190 us at B=256), and skipping the fused stream with a `lax.cond` made XLA copy the
 # rings (run 9); a fold kernel of its own needs enough folding rows to fill the GPU. H200 run
 # 19 (benchmarks/NOTES.md), fold kernel at 441 us (B=256), windows fused / apart, verify
@@ -95,8 +95,11 @@ SKIP_IDLE_FOLD = True
 # phase 205.5 fused against 225.5 apart. Run 24, the fold kernel at 398 us (its cache
 # prefetches), fused / apart: B=128 mixed step 191.4 / 184.1, no fold 114.2 / 103.5, every row
 # folding 351.1 / 311.7, verify traffic 163.3 / 166.0; B=64 mixed 105.1 / 106.7 (no fold 66.2 /
-# 60.6), B=32 mixed 59.4 / 65.1: apart from 128 rows.
-FUSE_FOLD_BELOW = {"window": 128, "decode": None}
+# 60.6), B=32 mixed 59.4 / 65.1: apart from 128 rows. Run 25, decode at L=16, fused / apart:
+# B=256 in phase 204.8 / 193.7, out of phase 204.0 / 222.7 (B=64 61.6 / 57.6, 59.2 / 71.9), so
+# decode stays fused; with `fold_together` (8 records), whose steps fold many rows at once,
+# apart wins both ways: B=256 208.5 / 197.3 and 214.3 / 205.3, B=64 62.7 / 59.0, 64.0 / 61.5.
+FUSE_FOLD_BELOW = {"window": 128, "decode": None, "decode-together": 0}
 # Whether the one-kernel replay verify forms (UT, vector: B < 16 windows, B < 64 decode) fold
 # the flush rows in their programs, in place of the fold kernel in a `lax.cond` before them.
 # H200 (benchmarks/NOTES.md run 16): the B=1 flush step 23.5 -> 20.2 us (16.4 with the UT form's
@@ -302,7 +305,8 @@ def _fuses_fold(spec: SpecConfig, q, tuning: KernelTuning, replay_tuning: Kernel
   whole fold tiles."""
   B, T = q.shape[:2]
   if replay_form(T, B).startswith("split"):
-    below = FUSE_FOLD_BELOW["decode" if T == 1 else "window"]
+    kind = "window" if T > 1 else "decode-together" if spec.fold_together else "decode"
+    below = FUSE_FOLD_BELOW[kind]
     fuse = below is None or B < below
   else:
     fuse = FUSE_FOLD_ONE_KERNEL

@@ -316,7 +316,8 @@ def test_verify_twice_is_idempotent_across_a_fold():
 def test_fuse_fold_below_picks_by_size(monkeypatch):
   """The split form folds in its stream below `ssm.FUSE_FOLD_BELOW`'s size for the kind of
   step (None: at every size); the one-kernel forms by `ssm.FUSE_FOLD_ONE_KERNEL`."""
-  monkeypatch.setattr(ssm, "FUSE_FOLD_BELOW", {"window": 256, "decode": None})
+  monkeypatch.setattr(ssm, "FUSE_FOLD_BELOW",
+                      {"window": 256, "decode": None, "decode-together": 128})
   spec = SpecConfig(draft_tokens=4, ring_len=16, verify_mode="replayssm", backend="pallas")
   V = GDN_WIDE.head_v_dim
 
@@ -326,6 +327,10 @@ def test_fuse_fold_below_picks_by_size(monkeypatch):
 
   assert [fuses(B, 4) for B in (16, 255, 256, 512)] == [True, True, False, False]
   assert [fuses(B, 1) for B in (64, 256, 4096)] == [True, True, True]
+  spec = dataclasses.replace(spec, fold_together=8)  # decode's own entry; windows as before
+  assert [fuses(B, 1) for B in (64, 127, 128, 256)] == [True, True, False, False]
+  assert [fuses(B, 4) for B in (255, 256)] == [True, False]
+  spec = dataclasses.replace(spec, fold_together=None)
   monkeypatch.setattr(ssm, "FUSE_FOLD_ONE_KERNEL", False)
   assert not fuses(3, 4) and fuses(16, 4)
   assert not ssm._fuses_fold(dataclasses.replace(spec, backend="xla"), jnp.zeros((16, 4)),
@@ -348,7 +353,26 @@ def test_jitted_steps_alias_the_cache(mode, B, backend):
   if B == 256 and backend != "pallas":
     pytest.skip("only the Pallas verify changes its fold at this size; the XLA reference's "
                 "per-row temporaries are checked at 64 rows")
-  spec = SpecConfig(draft_tokens=4, ring_len=16, verify_mode=mode, backend=backend)
+  _assert_steps_alias(SpecConfig(draft_tokens=4, ring_len=16, verify_mode=mode, backend=backend),
+                      B)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [64, 256])
+def test_decode_folding_together_aliases_the_cache(B):
+  """With `SpecConfig.fold_together` the Pallas decode of 64 rows and more folds in the fold
+  kernel before its stream (`ssm.FUSE_FOLD_BELOW`): no copy there either."""
+  spec = SpecConfig(draft_tokens=4, ring_len=16, backend="pallas", fold_together=8)
+  V = GDN_WIDE.head_v_dim
+  assert not ssm._fuses_fold(spec, jnp.zeros((B, 1)), ssm.default_state_tuning(spec, V),
+                             ssm.default_replay_tuning(spec, V, 1, B))
+  _assert_steps_alias(spec, B)
+
+
+def _assert_steps_alias(spec: SpecConfig, B: int):
+  """The jitted verify, commit (and, compiled, decode) of B rows alias the donated cache,
+  copy no full buffer and keep their temporaries per-row sized."""
+  backend = spec.backend
   gdn = GDN if B < 64 else GDN_WIDE
   slots = 16 * B + 256  # full buffers dwarf the per-row temporaries of a step
   cache = ssm.init(gdn, spec, slots, dtype=jnp.float32)
