@@ -85,9 +85,10 @@ SKIP_IDLE_FOLD = True
 # Below which batch size the Pallas split replay verify folds the flush rows in its stream
 # kernel, where the checkpoint is read anyway (`replay_verify.fold_and_replay_verify`), in
 # place of the fold kernel before it, by kind of step ("window": T > 1, "decode": T = 1,
-# "decode-together": T = 1 with `SpecConfig.fold_together`; None: at every size). The fused fold's code costs the stream occupancy in every step (no fold:
-# 213 -> 190 us at B=256), and skipping the fused stream with a `lax.cond` made XLA copy the
-# rings (run 9); a fold kernel of its own needs enough folding rows to fill the GPU. H200 run
+# "decode-together": T = 1 with `SpecConfig.fold_together`; None: at every size). The fused
+# fold's code costs the stream occupancy in every step (no fold: 213 -> 190 us at B=256), and
+# skipping the fused stream with a `lax.cond` made XLA copy the rings (run 9); a fold kernel
+# of its own needs enough folding rows to fill the GPU. H200 run
 # 19 (benchmarks/NOTES.md), fold kernel at 441 us (B=256), windows fused / apart, verify
 # traffic: B=16 35.6 / 34.6, 32 50.9 / 58.5, 64 88.7 / 96.0, 128 162.2 / 170.2, 256 311.7 /
 # 313.3, 512 605.0 / 598.9 us; the mixed step: 46.5 / 43.1, 60.5 / 68.0, 106.1 / 112.6, 191.2 /
