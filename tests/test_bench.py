@@ -26,6 +26,25 @@ def test_bench_smoke(tmp_path):
   assert {"date", "device", "jax", "copy_tbps"} <= result.keys()
 
 
+def test_time_calls_threads_state_and_passes_args():
+  """`timing.time_calls` threads the state through every call (warm-up included) and hands
+  each call the same extra ``args``; the jitted kernels see those as inputs, not constants."""
+  import jax
+
+  from replayssm_jax.bench.timing import time_calls
+
+  seen = []
+
+  def step(state, ids, scale):
+    seen.append(None)  # traced once
+    return state + ids * scale
+
+  t, state = time_calls(jax.jit(step), jnp.zeros(3, jnp.int32),
+                        args=(jnp.arange(3, dtype=jnp.int32), 2), reps=4, warmup=1)
+  np.testing.assert_array_equal(np.asarray(state), 2 * 5 * np.arange(3))
+  assert t.median_us > 0 and len(seen) == 1
+
+
 def test_bench_paths(tmp_path):
   """``--paths`` times the named groups and nothing else; an unknown group is refused."""
   out = tmp_path / "results.json"

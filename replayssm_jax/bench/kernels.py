@@ -240,18 +240,19 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   # Recurrent baseline: the kernels alone, and the XLA commit (gather + scatter of B states).
   if "recurrent" in paths:
     rec = SpecConfig(draft_tokens=T, verify_mode="recurrent", backend=backend)
-    verify = jax.jit(lambda inter: kern.recurrent_verify(
-        S0, inter, *_window(x), slot_ids, tuning=tuning)[1], donate_argnums=0)
-    t, inter = time_calls(verify, jnp.zeros((B, T, *gdn.state_shape), jnp.float32), reps=reps)
+    verify = jax.jit(lambda inter, ids: kern.recurrent_verify(
+        S0, inter, *_window(x), ids, tuning=tuning)[1], donate_argnums=0)
+    t, inter = time_calls(verify, jnp.zeros((B, T, *gdn.state_shape), jnp.float32),
+                          args=(slot_ids,), reps=reps)
     yield "rec_verify", 0, 0, t, B * nbytes.rec_verify()
     cache = dataclasses.replace(ssm.init(gdn, rec, B), intermediate=inter)
     accepted = jnp.full((B,), T, jnp.int32)
     t, cache = time_calls(lambda c: ssm.commit(c, slot_ids, accepted, rec), cache, reps=reps)
     yield "rec_commit", 0, 0, t, B * 2 * nbytes.S
     del cache, inter
-    decode = jax.jit(lambda s: kern.recurrent_decode(
-        s, *_window(x1), slot_ids, tuning=tuning)[1], donate_argnums=0)
-    t, _ = time_calls(decode, S0 + 0, reps=reps)
+    decode = jax.jit(lambda s, ids: kern.recurrent_decode(
+        s, *_window(x1), ids, tuning=tuning)[1], donate_argnums=0)
+    t, _ = time_calls(decode, S0 + 0, args=(slot_ids,), reps=reps)
     yield "rec_decode", 0, 0, t, B * nbytes.rec_decode()
 
   # ReplaySSM kernels alone.
@@ -260,7 +261,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   cache = _replay_cache(rng, gdn, spec, B, np.full(B, 8), np.zeros(B, bool))
   rings = replay_kernels.RING_NAMES
 
-  def replay_only(c):
+  def replay_only(c, slot_ids):
     _, *out = kern.replay_verify(
         c.ssm, *(getattr(c, n) for n in rings), *_window(x), slot_ids, c.write_pos, c.cache_base,
         tuning=kern.replay_tuning(gdn.head_v_dim, T, B), dot_precision=spec.dot_precision)
@@ -268,15 +269,17 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
 
   wp_fold = L - T
 
-  def fold_only(c):
+  def fold_only(c, slot_ids, count):
     return dataclasses.replace(c, ssm=kern.fold(
-        c.ssm, c.ring_rawk, c.ring_rawv, c.ring_g, c.ring_beta, slot_ids,
-        jnp.full((B,), wp_fold, jnp.int32), c.cache_base, tuning=tuning))
+        c.ssm, c.ring_rawk, c.ring_rawv, c.ring_g, c.ring_beta, slot_ids, count, c.cache_base,
+        tuning=tuning))
 
-  if "kernels" in paths:
-    t, cache = time_calls(jax.jit(replay_only, donate_argnums=0), cache, reps=reps)
+  if "kernels" in paths:  # the slot ids (and fold counts) as inputs, as a server passes them
+    t, cache = time_calls(jax.jit(replay_only, donate_argnums=0), cache, args=(slot_ids,),
+                          reps=reps)
     yield "rssm_verify", 8, L, t, B * nbytes.rssm_verify(8)
-    t, cache = time_calls(jax.jit(fold_only, donate_argnums=0), cache, reps=reps)
+    t, cache = time_calls(jax.jit(fold_only, donate_argnums=0), cache,
+                          args=(slot_ids, jnp.full((B,), wp_fold, jnp.int32)), reps=reps)
     yield "exact_fold", wp_fold, L, t, B * nbytes.fold(wp_fold)
 
   # Whole verify steps (fold + verify + cursor bookkeeping), one jitted call each.
