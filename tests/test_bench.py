@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from replayssm_jax import SpecConfig, ssm
 from replayssm_jax.bench import kernels
+from replayssm_jax.bench.timing import time_calls
 from replayssm_jax.kernels import backend, fold, replay_split
 
 
@@ -28,11 +30,7 @@ def test_bench_smoke(tmp_path):
 
 def test_time_calls_threads_state_and_passes_args():
   """`timing.time_calls` threads the state through every call (warm-up included) and hands
-  each call the same extra ``args``; the jitted kernels see those as inputs, not constants."""
-  import jax
-
-  from replayssm_jax.bench.timing import time_calls
-
+  each call the same extra ``args``, as inputs of the one traced call."""
   seen = []
 
   def step(state, ids, scale):
