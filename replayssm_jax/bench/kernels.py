@@ -261,17 +261,17 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   cache = _replay_cache(rng, gdn, spec, B, np.full(B, 8), np.zeros(B, bool))
   rings = replay_kernels.RING_NAMES
 
-  def replay_only(c, slot_ids):
+  def replay_only(c, ids):
     _, *out = kern.replay_verify(
-        c.ssm, *(getattr(c, n) for n in rings), *_window(x), slot_ids, c.write_pos, c.cache_base,
+        c.ssm, *(getattr(c, n) for n in rings), *_window(x), ids, c.write_pos, c.cache_base,
         tuning=kern.replay_tuning(gdn.head_v_dim, T, B), dot_precision=spec.dot_precision)
     return dataclasses.replace(c, **dict(zip(rings, out)))
 
   wp_fold = L - T
 
-  def fold_only(c, slot_ids, count):
+  def fold_only(c, ids, count):
     return dataclasses.replace(c, ssm=kern.fold(
-        c.ssm, c.ring_rawk, c.ring_rawv, c.ring_g, c.ring_beta, slot_ids, count, c.cache_base,
+        c.ssm, c.ring_rawk, c.ring_rawv, c.ring_g, c.ring_beta, ids, count, c.cache_base,
         tuning=tuning))
 
   if "kernels" in paths:  # the slot ids (and fold counts) as inputs, as a server passes them
