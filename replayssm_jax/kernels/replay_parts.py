@@ -3,8 +3,9 @@
 Used by the one-kernel replay verify (`replay_verify`) and its split form (`replay_split`);
 the math is in `replay_verify`'s docstring. Physical ring position p of a row holds logical
 record ``(p - cache_base) & (L - 1)``; the history is the records logically before
-``write_pos``. Records outside it are selected away, never multiplied by 0, so stale or NaN
-entries cannot leak into a product.
+``write_pos``. Records outside it are not loaded (`load_history`: a masked load, zero there),
+never multiplied by 0, so stale or NaN entries cannot leak into a product, and a short history
+costs only its own rows of memory traffic.
 
 The window is held as ``T_pad = next_power_of_two(T)`` rows (every Triton tensor is a power
 of two): rows past T read token T - 1 and are zeroed, and stores skip them (`store_rows`).
@@ -45,9 +46,16 @@ def history_weights(write_pos, cache_base, g_ring):
   return jnp.exp(jnp.sum(g_hist)), w, valid
 
 
-def masked(x, valid):
-  """The rows of ``x [L, ...]`` at valid records in fp32, zero elsewhere."""
-  return jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
+def load_history(ref, valid):
+  """``ref [L, ...]`` (a ring's rows of one row and head, e.g. ``ring.at[slot, h, :, vs]``) at
+  the valid records, zero elsewhere, in the ring's dtype.
+
+  A masked load: the rows past ``write_pos`` are never read, so a history of ``write_pos``
+  records moves ``write_pos`` rows, not L (the verify's byte model), and their contents, stale
+  or NaN, never reach a register.
+  """
+  mask = jnp.broadcast_to(valid.reshape(valid.shape + (1,) * (len(ref.shape) - 1)), ref.shape)
+  return pltriton.load(ref, mask=mask, other=0)
 
 
 def dot(x, y, precision, inline: int | None = None):

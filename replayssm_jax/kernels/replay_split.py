@@ -55,9 +55,9 @@ from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, row_grid,
 from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_order_pallas
 from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_inputs,
                                                 history_mask, history_weights, key_inputs,
-                                                load_gates, load_keys, masked, scatter_records,
-                                                store_rows, tile_program, window_gates,
-                                                window_keys, window_solve)
+                                                load_gates, load_history, load_keys,
+                                                scatter_records, store_rows, tile_program,
+                                                window_gates, window_keys, window_solve)
 
 # Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
@@ -124,23 +124,23 @@ def _coefficients_kernel(
 
   def key_head(kh):
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
+    valid, _ = history_mask(write_pos, cache_base, L)
     if loads_first:  # every load of the key head and its value heads, then the arithmetic
       raw = key_inputs(q_ref, k_ref, row, kh, T)
-      ring_rows = ring_k_ref[slot, kh, :, :]  # [L, K] ring dtype
+      k_hist = load_history(ring_k_ref.at[slot, kh, :, :], valid)  # [L, K] ring dtype
       heads = [value_head_inputs(kh * gqa_ratio + i) for i in range(gqa_ratio)]
       win = window_keys(*raw, T, scale)
-      valid, _ = history_mask(write_pos, cache_base, L)
     else:
       win = load_keys(q_ref, k_ref, row, kh, T, scale)
-      valid, _ = history_mask(write_pos, cache_base, L)
-      ring_rows = ring_k_ref[slot, kh, :, :]
-    k_hist = None if key_mma else masked(ring_rows, valid)
+      k_hist = load_history(ring_k_ref.at[slot, kh, :, :], valid)
+    if not key_mma:
+      k_hist = k_hist.astype(jnp.float32)
     # [T_pad, L] and [T_pad, T_pad] products of q_hat and k_hat. Stacked: one dot over
     # [q_hat; k_hat] (`WindowKeys.X`), split in two; else one dot each, no stacking and
     # splitting of tiles through shared memory.
     X = win.X if stacked else None
     if key_mma:
-      XK_q, XK_k = _key_products_mma(win, ring_rows, valid, precision_k, split=key_split)
+      XK_q, XK_k = _key_products_mma(win, k_hist, precision_k, split=key_split)
     elif stacked:
       XK_q, XK_k = jnp.split(dot_nt(X, k_hist, precision_k, inline), 2, axis=0)
     else:
@@ -194,13 +194,13 @@ def _coefficients_kernel(
       key_head(first_kh + j)
 
 
-def _key_products_mma(win: WindowKeys, ring_rows, valid, precision, *, split: bool):
+def _key_products_mma(win: WindowKeys, k_hist, precision, *, split: bool):
   """``(q_hat K_hist^T, k_hat K_hist^T)``, ``[T_pad, L]`` each, from one tensor-core dot.
 
-  ``ring_rows [L, K]``: the key ring rows as stored, history where ``valid``. The dot's rows
-  are ``[q_hat; k_hat]``, ``2 T_pad`` of them, not padded with zero rows to Triton's 16-row
-  tensor-core tile (run 14's form): Triton pads a small dot itself, so the zero rows most
-  likely only added operand work (not profiled). H200, T=4, the kernel alone
+  ``k_hist [L, K]``: the key history in the ring's dtype, zero past it (`load_history`). The
+  dot's rows are ``[q_hat; k_hat]``, ``2 T_pad`` of them, not padded with zero rows to
+  Triton's 16-row tensor-core tile (run 14's form): Triton pads a small dot itself, so the
+  zero rows most likely only added operand work (not profiled). H200, T=4, the kernel alone
   (benchmarks/NOTES.md run 19): B=256 33.5 -> 30.4 us, B=512 60.0 -> 54.9, B=64 11.0 -> 10.5.
   Each of q_hat, k_hat is broadcast over the operand and selected by row, so no row moves
   between threads (Triton has no row concatenation); the product is split back by rows.
@@ -218,12 +218,11 @@ def _key_products_mma(win: WindowKeys, ring_rows, valid, precision, *, split: bo
   r = jax.lax.broadcasted_iota(jnp.int32, (2 * T_pad, 1), 0)
   X = jnp.where(r < T_pad, spread(win.q_hat), spread(win.k_hat))
   if split:
-    k_hist = jnp.where(valid[:, None], ring_rows, jnp.zeros_like(ring_rows))
-    hi = X.astype(ring_rows.dtype)
-    lo = (X - hi.astype(jnp.float32)).astype(ring_rows.dtype)
+    hi = X.astype(k_hist.dtype)
+    lo = (X - hi.astype(jnp.float32)).astype(k_hist.dtype)
     XK = dot_nt(hi, k_hist, None) + dot_nt(lo, k_hist, None)
   else:
-    XK = dot_nt(X, masked(ring_rows, valid), precision)
+    XK = dot_nt(X, k_hist.astype(jnp.float32), precision)
   XK_q, XK_k = jnp.split(XK, 2, axis=0)
   return XK_q, XK_k
 
@@ -354,7 +353,7 @@ def _stream_kernel(
     Y = jax.lax.fori_loop(0, K // k_chunk, chunk, jnp.zeros((2 * T_pad, block_v), jnp.float32))
     Y_q, Y_k = jnp.split(Y, 2, axis=0)
     valid, _ = history_mask(write_pos, cache_base, L)
-    d_hist = masked(ring_d_ref[slot, h, :, vs], valid)  # [L, BV]
+    d_hist = load_history(ring_d_ref.at[slot, h, :, vs], valid).astype(jnp.float32)  # [L, BV]
     H_d, H_o = jnp.split(dot(zh_ref[row, h], d_hist, precision_l), 2, axis=0)
     v_raw = v_ref[row, jnp.minimum(tok, T - 1), h, vs]  # [T_pad, BV], rows past T repeat
     v = jnp.where((tok < T)[:, None], v_raw.astype(jnp.float32), 0.0)

@@ -39,10 +39,11 @@ holds the window as ``[T, K]`` tiles and uses tensor-core dots (T >= 2); ``"vec"
 - The window's records scatter to ``phys(write_pos + s)`` in one store per array; g and beta
   come from the program with V-block 0, k_hat and raw k from V-block 0 of the first value
   head of each key head: one writer for each element.
-- The ring history is read whole (``[L, BV]`` d, ``[L, K]`` k_hat, ``[L]`` g) and masked by
-  the logical index ``(p - cache_base) & (L - 1) < write_pos``; masked entries are selected
-  away, never multiplied by 0, so stale or NaN records cannot leak, and the concurrent
-  window writes of other programs to the same rows are never looked at.
+- The ring history (``[L, BV]`` d, ``[L, K]`` k_hat) is loaded only at the rows whose logical
+  index ``(p - cache_base) & (L - 1)`` is below ``write_pos`` (`replay_parts.load_history`, a
+  masked load: zero elsewhere), so stale or NaN records never reach a register, a short
+  history moves only its own rows, and the concurrent window writes of other programs to the
+  same rows are never looked at; the ``[L]`` gates are read whole and selected.
 - Matrix products are 2-D dots on ``X = [q_hat; k_hat]`` (``[2 T_pad, K]``): ``X S0^T``,
   ``X K_hist^T``, then ``[L]``-contracted with the weighted d history, and the ``[T, T]``
   window products (see `backend.mma_algorithm` for their precisions). ``(I + A)^-1`` is a
@@ -65,8 +66,8 @@ from replayssm_jax.kernels.backend import (KernelTuning, mma_algorithm, replay_f
                                           row_ids)
 from replayssm_jax.kernels.recurrent import token_inputs
 from replayssm_jax.kernels.replay_parts import (dot, dot_nt, history_weights, load_gates,
-                                                load_keys, masked, scatter_records, store_rows,
-                                                tile_program, window_solve)
+                                                load_history, load_keys, scatter_records,
+                                                store_rows, tile_program, window_solve)
 from replayssm_jax.state import ReplayCache, logical_order
 
 RING_NAMES = ReplayCache.RINGS
@@ -133,8 +134,8 @@ def _replay_verify_kernel(
     X = win.X  # [q_hat; k_hat]
 
     decay_all, w, valid = history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
-    d_hist = masked(ring_d_ref[slot, h, :, vs], valid)
-    k_hist = masked(ring_k_ref[slot, kh, :, :], valid)
+    d_hist = load_history(ring_d_ref.at[slot, h, :, vs], valid).astype(jnp.float32)
+    k_hist = load_history(ring_k_ref.at[slot, kh, :, :], valid).astype(jnp.float32)
 
     # [W_q; W_k] = exp(G_m) X S0^T + ((X K_hist^T) * w) D_hist              [2 T_pad, BV]
     # A tensor-core dot beat multiply-reduce here (H200, B=256, T=4: 396 vs 736 us;
@@ -204,9 +205,10 @@ def _replay_verify_vec_kernel(
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
     S0 = tile.load(ssm_ref, (slot, h, vs), K, k_chunk)
     decay_all, w, valid = history_weights(write_pos, cache_base, ring_g_ref[slot, h, :])
-    d_hist = masked(ring_d_ref[slot, h, :, vs], valid)  # [L, BV]
-    k_hist = tuple(masked(k_c, valid) for k_c in tile.load(
-        ring_k_ref, (slot, kh, pl.ds(0, L)), K, k_chunk))  # [L, KC] chunks
+    d_hist = load_history(ring_d_ref.at[slot, h, :, vs], valid).astype(jnp.float32)  # [L, BV]
+    kc = min(k_chunk, K)
+    k_hist = tuple(load_history(ring_k_ref.at[slot, kh, :, pl.ds(c * kc, kc)], valid).astype(
+        jnp.float32) for c in range(K // kc))  # [L, KC] chunks
 
     # `tile`'s interpreter arithmetic (``compiled=False``) on every platform: this form's
     # outputs tie to nothing bitwise, and its GPU timings (runs 3-6) are of this arithmetic.

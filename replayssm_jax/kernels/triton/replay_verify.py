@@ -17,10 +17,12 @@ Two kernels:
   ``TP = max(16, next_power_of_two(T))`` because ``tl.dot`` needs M, N, K >= 16 on the GPU.
   Rows past T are loaded from token T - 1 (clamped, never out of bounds) and zeroed with
   ``tl.where``: every MMA operand is defined (SGLang saw masked token rows of a dot load leak
-  garbage from uninitialised staging). The ring history is read whole as ``LP = max(16, L)``
-  rows, clamped the same way, and masked by the logical index ``(p - cache_base) & (L - 1) <
-  write_pos``; masked entries are selected away (never multiplied by 0), so stale or NaN
-  records and the concurrent window writes of other programs cannot leak. A first pass over
+  garbage from uninitialised staging). The ring history is ``LP = max(16, L)`` rows, clamped
+  the same way, and masked by the logical index ``(p - cache_base) & (L - 1) < write_pos``:
+  the d rows by a masked load (``other=0``: defined zeros, and a short history moves only its
+  own rows), the key rows of the K-loop read whole and selected (masked there, the kernel
+  spilled: 168 registers, sm_90), so stale or NaN records and the concurrent window writes of
+  other programs cannot leak. A first pass over
   the K-chunks takes the norms of q and k; the second forms, chunk by chunk, the
   history-applied checkpoint ``S_hist^T = exp(G_m) S0^T + K_hist^T (w * D_hist)`` (``[KC,
   BV]``, the identity above for every x at once) and applies it to q_hat and k_hat by
@@ -164,8 +166,8 @@ def _replay_verify_ut_kernel(
     ring_rows = tl.minimum(p, L - 1)
     decay_all, w, valid = _history_weights(
         tl.load(ring_g_in_ptr + value_head + ring_rows), p, write_pos, cache_base, L)
-    d_hist = tl.load(ring_d_in_ptr + value_head * V + ring_rows[:, None] * V + v_cols[None, :])
-    d_hist = tl.where(valid[:, None], d_hist.to(tl.float32), 0.0)  # [LP, BV]
+    d_hist = tl.load(ring_d_in_ptr + value_head * V + ring_rows[:, None] * V + v_cols[None, :],
+                     mask=valid[:, None], other=0.0).to(tl.float32)  # [LP, BV]
     history_keys = ring_rows[:, None] * K + k_cols[None, :]  # [LP, KC]
     checkpoint = v_cols[:, None] * K + k_cols[None, :]  # [BV, KC]
     phys = (cache_base + write_pos + s) & (L - 1)  # the window's ring rows
@@ -270,8 +272,8 @@ def _replay_verify_vec_kernel(
     p = tl.arange(0, L)
     decay_all, w, valid = _history_weights(
         tl.load(ring_g_in_ptr + value_head + p), p, write_pos, cache_base, L)
-    d_hist = tl.load(ring_d_in_ptr + value_head * V + p[:, None] * V + v_cols[None, :])
-    d_hist = tl.where(valid[:, None], d_hist.to(tl.float32), 0.0)  # [L, BV]
+    d_hist = tl.load(ring_d_in_ptr + value_head * V + p[:, None] * V + v_cols[None, :],
+                     mask=valid[:, None], other=0.0).to(tl.float32)  # [L, BV]
     phys = (cache_base + write_pos) & (L - 1)  # the window's ring row
     key_writer = (j == 0) & (h % (HV // H) == 0)  # one writer per key head for k_hat, raw k
 
@@ -288,7 +290,7 @@ def _replay_verify_vec_kernel(
       S0 = tl.load(checkpoint + c)  # [BV, KC]
       S0_q += S0 * q_hat[None, :]
       S0_k += S0 * k_hat[None, :]
-      k_hist = tl.where(valid[:, None], tl.load(history_keys + c).to(tl.float32), 0.0)
+      k_hist = tl.load(history_keys + c, mask=valid[:, None], other=0.0).to(tl.float32)
       hist_q += k_hist * q_hat[None, :]
       hist_k += k_hist * k_hat[None, :]
       qk += q_hat * k_hat
