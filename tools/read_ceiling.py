@@ -4,10 +4,12 @@ The replay verify reads its fp32 checkpoint once and writes little, so its roofl
 read rate, not the copy rate the benchmarks divide by. This measures, in one process:
 
 * ``copy``: `bench.kernels.copy_bandwidth` (read + write of a 4 GiB fp32 array);
-* ``xla-sum``: XLA's reduction of the same array over its rows (bytes read / time);
+* ``xla-sum``: XLA's reduction of a 4 GiB fp32 array over its rows (bytes read / time);
 * ``loop``: the stream's K-loop alone (`replay_split._stream_kernel`'s ``Y += X S0^T`` over
   K-chunks on the tensor cores, then one ``[2 T_pad, BV]`` store a program) over a checkpoint
-  of B rows, for a few launches: what the stream could reach without its epilogue.
+  of B rows, for a few launches: what the stream could reach without its epilogue. Its bytes
+  are the checkpoint's and X's once per value head, as the stream reads them (the second
+  value head's X most likely from L2).
 
 Usage (GPU): ``python tools/read_ceiling.py --batch 256 64 --out read_ceiling.json``.
 """

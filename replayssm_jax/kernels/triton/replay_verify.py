@@ -13,25 +13,23 @@ outputs and writes nothing. Grid (V // BV, HV, B).
 
 Two kernels:
 
-- `_replay_verify_ut_kernel` (any T <= 16): the window as ``[TP, KC]`` chunks of ``[TP, K]``,
-  ``TP = max(16, next_power_of_two(T))`` because ``tl.dot`` needs M, N, K >= 16 on the GPU.
-  Rows past T are loaded from token T - 1 (clamped, never out of bounds) and zeroed with
-  ``tl.where``: every MMA operand is defined (SGLang saw masked token rows of a dot load leak
-  garbage from uninitialised staging). The ring history is ``LP = max(16, L)`` rows, clamped
-  the same way, and masked by the logical index ``(p - cache_base) & (L - 1) < write_pos``:
-  the d rows by a masked load (``other=0``: defined zeros, and a short history moves only its
-  own rows), the key rows of the K-loop read whole and selected (masked there, the kernel
-  spilled: 168 registers, sm_90), so stale or NaN records and the concurrent window writes of
-  other programs cannot leak. A first pass over
-  the K-chunks takes the norms of q and k; the second forms, chunk by chunk, the
-  history-applied checkpoint ``S_hist^T = exp(G_m) S0^T + K_hist^T (w * D_hist)`` (``[KC,
-  BV]``, the identity above for every x at once) and applies it to q_hat and k_hat by
-  ``tl.dot`` (``dot_precision``, tf32 by default, for these K and L contractions). Holding
-  only ``[*, KC]`` slices keeps the kernel at 168 registers (anchor, sm_90); the whole
-  ``[BV, K]`` tile spilled, and applying the history to ``x K_hist^T`` first chained two dots
-  whose M = 16 rows Triton split over both warps, replicating the other operand. The ``[TP,
-  TP]`` window products and ``(I + A)^-1`` apply in exact fp32 ("ieee"); ``(I + A)^-1`` is a
-  forward substitution unrolled over T.
+- `_replay_verify_ut_kernel` (any T <= 16): the window as ``[TP, KC]`` chunks of ``[TP, K]``, ``TP =
+  max(16, next_power_of_two(T))`` because ``tl.dot`` needs M, N, K >= 16 on the GPU. Rows past T are
+  loaded from token T - 1 (clamped, never out of bounds) and zeroed with ``tl.where``: every MMA
+  operand is defined (SGLang saw masked token rows of a dot load leak garbage from uninitialised
+  staging). The ring history is ``LP = max(16, L)`` rows, clamped the same way, and masked by the
+  logical index ``(p - cache_base) & (L - 1) < write_pos``: the d rows by a masked load
+  (``other=0``: defined zeros, and a short history moves only its own rows), the key rows of the
+  K-loop read whole and selected (masked there, the kernel spilled: 168 registers, sm_90), so stale
+  or NaN records and the concurrent window writes of other programs cannot leak. A first pass over
+  the K-chunks takes the norms of q and k; the second forms, chunk by chunk, the history-applied
+  checkpoint ``S_hist^T = exp(G_m) S0^T + K_hist^T (w * D_hist)`` (``[KC, BV]``, the identity above
+  for every x at once) and applies it to q_hat and k_hat by ``tl.dot`` (``dot_precision``, tf32 by
+  default, for these K and L contractions). Holding only ``[*, KC]`` slices keeps the kernel at 168
+  registers (anchor, sm_90); the whole ``[BV, K]`` tile spilled, and applying the history to ``x
+  K_hist^T`` first chained two dots whose M = 16 rows Triton split over both warps, replicating the
+  other operand. The ``[TP, TP]`` window products and ``(I + A)^-1`` apply in exact fp32 ("ieee");
+  ``(I + A)^-1`` is a forward substitution unrolled over T.
 - `_replay_verify_vec_kernel` (T = 1, decode): no dots; the products over K by
   multiply-reduce, chunk by chunk, reduced once after the loop, as the Pallas vector form.
 
