@@ -10,6 +10,11 @@ read rate, not the copy rate the benchmarks divide by. This measures, in one pro
   of B rows, for a few launches: what the stream could reach without its epilogue. Its bytes
   are the checkpoint's and X's once per value head, as the stream reads them (the second
   value head's X most likely from L2).
+* ``multiN``: the same loop over N consecutive tiles a program, one flat loop, so the pipeline
+  does not restart a tile (equal to ``loop``, checked);
+* ``sum``: each tile's rows summed by plain loads, no dot (Pallas' own loads, not copies into
+  shared memory); its bytes are the checkpoint's;
+* ``xla-ckpt``: XLA's sum over the checkpoint's K axis: XLA's read rate at the same size.
 
 Usage (GPU): ``python tools/read_ceiling.py --batch 256 64 --out read_ceiling.json``.
 """
@@ -31,6 +36,10 @@ from replayssm_jax.kernels.backend import KernelTuning, interpret_mode, mma_algo
 
 # (block_v, num_warps, k_chunk, num_stages): the shipped stream launch first.
 LAUNCHES = ((128, 4, 64, 2), (128, 4, 32, 3), (128, 8, 64, 2), (64, 4, 64, 2), (64, 2, 64, 2))
+# (launch, tiles a program) of `multi_tile`, and the launches of `row_sum`.
+MULTI = (((128, 4, 64, 2), 2), ((128, 4, 64, 3), 2), ((128, 4, 64, 3), 4), ((128, 4, 64, 3), 8),
+         ((128, 4, 32, 4), 2), ((64, 4, 64, 3), 2), ((64, 4, 128, 2), 4))
+SUMS = ((128, 4, 64, 1), (128, 4, 64, 2), (128, 8, 32, 1), (64, 4, 128, 1))
 
 
 def _loop_kernel(x_ref, s_ref, y_ref, *, heads: int, ratio: int, block_v: int, k_chunk: int,
@@ -72,6 +81,109 @@ def loop_only(x, s, launch) -> jax.Array:
   )(x, s)
 
 
+def _tile_index(g, heads: int, blocks: int, block_v: int):
+  """Tile ``g`` of the checkpoint in memory order: ``(row, h, vs)``."""
+  div, rem = jax.lax.div, jax.lax.rem
+  row, h, j = div(g, heads * blocks), rem(div(g, blocks), heads), rem(g, blocks)
+  return row, h, pl.ds(pl.multiple_of(j * block_v, block_v), block_v)
+
+
+def _multi_kernel(x_ref, s_ref, y_ref, *, heads: int, ratio: int, block_v: int, k_chunk: int,
+                  tiles: int, precision):
+  """One program per ``tiles`` consecutive ``[block_v, K]`` tiles in one flat K-chunk loop, so
+  Triton's pipeline runs on from one tile into the next (no cold start a tile)."""
+  K = s_ref.shape[3]
+  blocks, chunks = s_ref.shape[2] // block_v, K // k_chunk
+  first = pl.program_id(0) * tiles
+
+  def step(it, Y):
+    t, c = jax.lax.div(it, chunks), jax.lax.rem(it, chunks)  # (jnp's // and % lower badly here)
+    row, h, vs = _tile_index(first + t, heads, blocks, block_v)
+    ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
+    Y = jnp.where(c == 0, 0.0, Y) + jax.lax.dot_general(
+        x_ref[row, h // ratio, :, ks], s_ref[row, h, vs, ks], (((1,), (1,)), ((), ())),
+        precision=precision, preferred_element_type=jnp.float32)
+
+    @pl.when(c == chunks - 1)
+    def _store():
+      y_ref[row, h, :, vs] = Y
+
+    return Y
+
+  jax.lax.fori_loop(0, tiles * chunks, step,
+                    jnp.zeros((x_ref.shape[2], block_v), jnp.float32))
+
+
+def multi_tile(x, s, launch, tiles: int) -> jax.Array:
+  """`loop_only` with ``tiles`` tiles a program (`_multi_kernel`)."""
+  block_v, warps, k_chunk, stages = launch
+  B, HV, V, K = s.shape
+  H, rows = x.shape[1], x.shape[2]
+  interpret = interpret_mode()
+  return pl.pallas_call(
+      functools.partial(_multi_kernel, heads=HV, ratio=HV // H, block_v=block_v,
+                        k_chunk=k_chunk, tiles=tiles,
+                        precision=mma_algorithm("default", k_chunk, interpret=interpret)),
+      out_shape=jax.ShapeDtypeStruct((B, HV, rows, V), jnp.float32),
+      grid=(B * HV * (V // block_v) // tiles,),
+      interpret=interpret,
+      compiler_params=KernelTuning(block_v=block_v, num_warps=warps, k_chunk=k_chunk,
+                                   num_stages=stages).compiler_params(),
+      name=f"read_multi{tiles}_bv{block_v}_w{warps}_kc{k_chunk}_s{stages}",
+  )(x, s)
+
+
+def _sum_kernel(s_ref, y_ref, *, heads: int, block_v: int, k_chunk: int):
+  """One program per tile: its rows summed over K-chunks by plain loads (no dot, no copy into
+  shared memory): the read rate of Pallas' own loads."""
+  row, h, vs = _tile_index(pl.program_id(0), heads, s_ref.shape[2] // block_v, block_v)
+
+  def chunk(c, acc):
+    ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
+    return acc + jnp.sum(s_ref[row, h, vs, ks], axis=1)
+
+  y_ref[row, h, vs] = jax.lax.fori_loop(0, s_ref.shape[3] // k_chunk, chunk,
+                                        jnp.zeros((block_v,), jnp.float32))
+
+
+def row_sum(s, launch) -> jax.Array:
+  """`_sum_kernel` over checkpoint ``s [B, HV, V, K]``."""
+  block_v, warps, k_chunk, stages = launch
+  B, HV, V, K = s.shape
+  return pl.pallas_call(
+      functools.partial(_sum_kernel, heads=HV, block_v=block_v, k_chunk=k_chunk),
+      out_shape=jax.ShapeDtypeStruct((B, HV, V), jnp.float32),
+      grid=(B * HV * (V // block_v),),
+      interpret=interpret_mode(),
+      compiler_params=KernelTuning(block_v=block_v, num_warps=warps, k_chunk=k_chunk,
+                                   num_stages=stages).compiler_params(),
+      name=f"read_sum_bv{block_v}_w{warps}_kc{k_chunk}_s{stages}",
+  )(s)
+
+
+def _time_variant(kind, launch, fn, s, x, copy, reps) -> dict:
+  """One variant's row: checked against the loop where it computes the same, then timed."""
+  B, HV, V, _ = s.shape
+  y0 = jnp.zeros((B, HV, x.shape[2], V), jnp.float32)
+  equal = True
+  if kind.startswith("multi"):  # the same products, tile for tile
+    equal = bool(jnp.array_equal(fn(s, x), loop_only(x, s, launch)))
+  sums = kind in ("sum", "xla-ckpt")
+  out0 = jnp.zeros((B, HV, V), jnp.float32) if sums else y0
+  step = jax.jit(lambda y, s, x, fn=fn: fn(s, x))
+  t, _ = time_calls(step, out0, args=(s, x), reps=reps)
+  nbytes = s.size * 4 if sums else s.size * 4 + x.size * 4 * HV // x.shape[1]
+  tb = nbytes / (t.median_us * 1e-6) / 1e12
+  row = dict(kind=kind, B=B, launch=launch, median_us=round(t.median_us, 2), read_bytes=nbytes,
+             tbps=round(tb, 3), pct_copy=round(100 * tb * 1e12 / copy, 1))
+  if kind.startswith("multi"):
+    row["equal_to_loop"] = equal
+  print(f"B={B} {kind} {launch}: {t.median_us:.1f} us {t.kernels}, {tb:.3f} TB/s "
+        f"({100 * tb * 1e12 / copy:.1f}% of copy){'' if equal else ' NOT EQUAL to the loop'}",
+        flush=True)
+  return row
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--batch", type=int, nargs="+", default=[256, 64])
@@ -97,17 +209,20 @@ def main(argv=None) -> int:
     key = jax.random.key(B)
     s = jax.random.normal(key, (B, g.num_v_heads, g.head_v_dim, g.head_k_dim), jnp.float32)
     x = jax.random.normal(key, (B, g.num_k_heads, 8, g.head_k_dim), jnp.float32)
-    for launch in LAUNCHES:
-      step = jax.jit(lambda y, s, x, launch=launch: loop_only(x, s, launch))
-      y0 = jnp.zeros((B, g.num_v_heads, x.shape[2], g.head_v_dim), jnp.float32)
-      t, _ = time_calls(step, y0, args=(s, x), reps=args.reps)
-      read = s.size * 4 + x.size * 4 * g.num_v_heads // g.num_k_heads
-      tb = read / (t.median_us * 1e-6) / 1e12
-      rows.append(dict(kind="loop", B=B, launch=launch, median_us=round(t.median_us, 2),
-                       read_bytes=read, tbps=round(tb, 3),
-                       pct_copy=round(100 * tb * 1e12 / copy, 1)))
-      print(f"B={B} loop {launch}: {t.median_us:.1f} us {t.kernels}, {tb:.3f} TB/s "
-            f"({100 * tb * 1e12 / copy:.1f}% of copy)", flush=True)
+    variants = [("loop", launch, lambda s, x, launch=launch: loop_only(x, s, launch))
+                for launch in LAUNCHES]
+    variants += [(f"multi{m}", launch,
+                  lambda s, x, launch=launch, m=m: multi_tile(x, s, launch, m))
+                 for launch, m in MULTI]
+    variants += [("sum", launch, lambda s, x, launch=launch: row_sum(s, launch))
+                 for launch in SUMS]
+    variants.append(("xla-ckpt", None, lambda s, x: s.sum(axis=-1)))  # XLA, the same bytes
+    for kind, launch, fn in variants:
+      try:
+        rows.append(_time_variant(kind, launch, fn, s, x, copy, args.reps))
+      except Exception as e:  # a launch that fails to compile is a result too
+        print(f"B={B} {kind} {launch}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        rows.append(dict(kind=kind, B=B, launch=launch, error=str(e)[:300]))
   with open(args.out, "w") as f:
     json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, rows=rows), f,
               indent=1)
