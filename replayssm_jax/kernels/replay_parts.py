@@ -153,6 +153,17 @@ class WindowKeys(NamedTuple):
   k_raw: jax.Array  # [T_pad, K] activation dtype (rows past T repeat token T - 1)
   q_hat: jax.Array  # [T_pad, K] l2-normalised q, scaled
   k_hat: jax.Array  # [T_pad, K] l2-normalised k
+  q_raw: jax.Array  # [T_pad, K] activation dtype (rows past T repeat token T - 1)
+  # [T_pad] fp32, zero past T: q_hat = s_q * q_raw, k_hat = s_k * k_raw up to rounding (the
+  # inverse norms as factors), so a product with the raw window is one with the normalised
+  # window once its rows are scaled.
+  s_q: jax.Array
+  s_k: jax.Array
+
+  def raw_rows(self) -> tuple[jax.Array, jax.Array]:
+    """``(q_raw, k_raw)`` zero past T, in the activation dtype."""
+    return tuple(jnp.where(self.in_window[:, None], x, jnp.zeros_like(x))
+                 for x in (self.q_raw, self.k_raw))
 
   @property
   def X(self) -> jax.Array:
@@ -202,10 +213,13 @@ def window_keys(q_raw, k_raw, T: int, scale: float) -> WindowKeys:
 
 
 def _window_keys(tok, in_window, q_raw, k_raw, scale: float) -> WindowKeys:
-  q_hat = reference.l2_normalize(q_raw.astype(jnp.float32)) * scale
-  k_hat = reference.l2_normalize(k_raw.astype(jnp.float32))
-  q_hat, k_hat = (jnp.where(in_window[:, None], x, 0.0) for x in (q_hat, k_hat))
-  return WindowKeys(tok, in_window, k_raw, q_hat, k_hat)
+  def normalise(x):  # `reference.l2_normalize`, bit for bit, and the norm's inverse
+    x = x.astype(jnp.float32)
+    norm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + reference.L2_EPS)
+    inverse = jnp.where(in_window, 1.0 / norm[:, 0], 0.0)
+    return jnp.where(in_window[:, None], x / norm, 0.0), inverse
+  (q_hat, s_q), (k_hat, s_k) = normalise(q_raw), normalise(k_raw)
+  return WindowKeys(tok, in_window, k_raw, q_hat * scale, k_hat, q_raw, s_q * scale, s_k)
 
 
 def load_gates(a_ref, b_ref, A_log, dt_bias, row, h, T: int) -> WindowGates:

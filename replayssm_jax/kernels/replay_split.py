@@ -20,9 +20,12 @@ so the work splits:
    cores from T = 2: `COEFFICIENT_KEY_MMA`) and with itself (``q_hat k_hat^T``,
    ``k_hat k_hat^T``, exact fp32), then
    for each of its value heads the gates, the UT inverse and the small matrices ``[Dh; Oh]``,
-   ``(P, Dy, M)``, ``eq``, into fp32 scratch with ``X`` (about 90 KB per row at the anchor
+   ``(P, Dy, M)``, ``eq``, into fp32 scratch with ``X`` (about 55 KB per row at the anchor
    geometry, written once and read once, against 2 MB of checkpoint); it also writes the
-   records that need no checkpoint (k_hat, raw k, g, beta).
+   records that need no checkpoint (k_hat, raw k, g, beta). ``X`` goes raw, ``[q; k]`` in the
+   activation dtype (half the bytes of fp32, exact in the stream's dot), with its rows'
+   inverse norms ``xs = [s_q; s_k]`` (``q_hat = diag(s_q) q``): ``Y`` is linear in X's rows,
+   so the stream applies them to ``eq`` and ``Dy``, ``[T]`` and ``[T, T]``, not to ``Y``.
 2. `_stream_kernel`, grid (B, HV, V // BV): ``Y = X S0^T`` over a loop of K-chunks, so Triton
    pipelines the checkpoint loads (``num_stages``) into the tensor-core dots, then the three
    small products above; it writes the outputs and the d and raw v records.
@@ -102,7 +105,8 @@ def _coefficients_kernel(
     ring_k_ref,  # [slots, H, L, K] ring dtype (aliased with ring_k_out_ref)
     ring_g_ref,  # [slots, HV, L] f32 (aliased)
     ring_beta_ref, ring_rawk_ref,  # aliased, not read
-    x_ref,  # [B, H, 2 T_pad, K] f32: [q_hat; k_hat]
+    x_ref,  # [B, H, 2 T_pad, K] activation: [q; k], raw, zero past T
+    xs_ref,  # [B, H, 2 T_pad] f32: [s_q; s_k], X's rows to normalise it
     zh_ref,  # [B, HV, 2 T_pad, L] f32: [Dh; Oh]
     zt_ref,  # [B, HV, 3, T_pad, T_pad] f32: P, Dy, M
     eq_ref,  # [B, HV, T_pad] f32
@@ -133,6 +137,12 @@ def _coefficients_kernel(
     else:
       win = load_keys(q_ref, k_ref, row, kh, T, scale)
       k_hist = load_history(ring_k_ref.at[slot, kh, :, :], valid)
+    # The stream's X, raw, and its rows' norms, stored once every load is issued (the norms
+    # scaling eq and Dy here, kept through the value heads, took the kernel from 126 to 154
+    # registers and 26.3 to 29.7 us at B=256; benchmarks/NOTES.md run 27).
+    for half, (x, s) in enumerate(zip(win.raw_rows(), (win.s_q, win.s_k))):
+      x_ref[row, kh, pl.ds(half * T_pad, T_pad), :] = x
+      xs_ref[row, kh, pl.ds(half * T_pad, T_pad)] = s
     if not key_mma:
       k_hist = k_hist.astype(jnp.float32)
     # [T_pad, L] and [T_pad, T_pad] products of q_hat and k_hat. Stacked: one dot over
@@ -151,15 +161,10 @@ def _coefficients_kernel(
       qk, kk = (dot_nt(x, win.k_hat, precision_t, inline) for x in (win.q_hat, win.k_hat))
     phys = ((cache_base + write_pos + win.tok) & (L - 1))[:, None]  # [T_pad, 1]
 
-    # The stream's X and the window's key records before the value heads, which no longer
-    # keep q_hat, k_hat and raw k alive for stores after them. H200, B=256 (benchmarks/
-    # NOTES.md run 20): 30.2 -> 28.7 us, the same bits; the registers stayed at 128, so the
+    # The window's key records before the value heads, which no longer keep k_hat and raw k
+    # alive for stores after them. H200, B=256 (benchmarks/NOTES.md run 20, with the stream's
+    # X stored here too): 30.2 -> 28.7 us, the same bits; the registers stayed at 128, so the
     # gain is most likely the schedule (not profiled further).
-    if stacked:
-      x_ref[row, kh, :, :] = X
-    else:
-      x_ref[row, kh, pl.ds(0, T_pad), :] = win.q_hat
-      x_ref[row, kh, pl.ds(T_pad, T_pad), :] = win.k_hat
     K = k_ref.shape[-1]
     cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
     mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
@@ -231,7 +236,7 @@ def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, rin
                       slot_ids, write_pos, cache_base):
   """`_coefficients_kernel` as batched XLA ops over all (row, head) at once, dots in fp32.
 
-  Returns ``((x, zh, zt, eq), (ring_k, ring_g, ring_beta, ring_rawk))``, the same scratch
+  Returns ``((x, xs, zh, zt, eq), (ring_k, ring_g, ring_beta, ring_rawk))``, the same scratch
   (history columns in physical ring order, as the stream kernel reads ``ring_d``) and rings.
   """
   B, T, H, K = q.shape
@@ -244,7 +249,13 @@ def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, rin
   g, beta = reference.gdn_gating(a, b, A_log, dt_bias)  # [B, T, HV]
   q_hat = reference.l2_normalize(q.astype(jnp.float32)) * K ** -0.5
   k_hat = reference.l2_normalize(k.astype(jnp.float32))
-  X = jnp.moveaxis(jnp.concatenate([pad(q_hat), pad(k_hat)], axis=1), 1, 2)  # [B, H, 2T_pad, K]
+  stack = lambda q, k: jnp.moveaxis(jnp.concatenate([pad(q), pad(k)], axis=1), 1, 2)
+  X = stack(q_hat, k_hat)  # [B, H, 2 T_pad, K]
+  X_raw = stack(q, k)  # the stream's, with its rows' norms xs
+  inverse_norm = lambda x: 1.0 / jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=-1)
+                                           + reference.L2_EPS)  # [B, T, H]
+  xs = jnp.moveaxis(jnp.concatenate([pad(inverse_norm(q) * K ** -0.5), pad(inverse_norm(k))],
+                                    axis=1), 1, 2)  # [B, H, 2 T_pad]
   g_win, beta_win = (jnp.moveaxis(pad(x), 1, 2) for x in (g, beta))  # [B, HV, T_pad]
 
   slot = jnp.maximum(slot_ids, 0)
@@ -266,7 +277,7 @@ def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, rin
   # The rings are written after every history read, so XLA updates the donated rings in
   # place instead of copying them first.
   scratch, (ring_k, ring_g, ring_beta, ring_rawk) = jax.lax.optimization_barrier(
-      ((X, zh, zt, eq), (ring_k, ring_g, ring_beta, ring_rawk)))
+      ((X_raw, xs, zh, zt, eq), (ring_k, ring_g, ring_beta, ring_rawk)))
   phys = (cache_base[:, None] + write_pos[:, None] + jnp.arange(T)[None, :]) & (L - 1)
   rings = (scatter_records(ring_k, slot_ids, phys, jnp.moveaxis(k_hat, 1, 2)),
            scatter_records(ring_g, slot_ids, phys, jnp.moveaxis(g, 1, 2)),
@@ -305,7 +316,7 @@ def _stream_kernel(
     slot_ids_ref, write_pos_ref, cache_base_ref,  # [B] int32
     v_ref,  # [B, T, HV, V] activation
     ssm_in_ref,  # [slots, HV, V, K] f32: read only, or aliased with ssm_out (with `fold`)
-    x_ref, zh_ref, zt_ref, eq_ref,  # the coefficients kernel's scratch
+    x_ref, xs_ref, zh_ref, zt_ref, eq_ref,  # the coefficients kernel's scratch
     ring_d_ref,  # [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref)
     ring_rawv_ref,  # [slots, HV, L, V] activation (aliased; not read)
     *refs,  # fold_count [B] int32 with `fold` or `rows`; with `fold`: fold_base [B] int32,
@@ -348,19 +359,22 @@ def _stream_kernel(
 
     def chunk(c, Y):  # Y += X[:, chunk] S0[:, chunk]^T: a loop Triton software-pipelines
       ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
-      return Y + dot_nt(x_ref[row, kh, :, ks], ssm_ref[slot, h, vs, ks], precision_k)
+      x = x_ref[row, kh, :, ks].astype(jnp.float32)  # the raw window: exact in a tf32 dot
+      return Y + dot_nt(x, ssm_ref[slot, h, vs, ks], precision_k)
 
     Y = jax.lax.fori_loop(0, K // k_chunk, chunk, jnp.zeros((2 * T_pad, block_v), jnp.float32))
-    Y_q, Y_k = jnp.split(Y, 2, axis=0)
+    Y_q, Y_k = jnp.split(Y, 2, axis=0)  # of the raw X: its rows' norms scale eq and Dy below
     valid, _ = history_mask(write_pos, cache_base, L)
     d_hist = load_history(ring_d_ref.at[slot, h, :, vs], valid).astype(jnp.float32)  # [L, BV]
     H_d, H_o = jnp.split(dot(zh_ref[row, h], d_hist, precision_l), 2, axis=0)
     v_raw = v_ref[row, jnp.minimum(tok, T - 1), h, vs]  # [T_pad, BV], rows past T repeat
     v = jnp.where((tok < T)[:, None], v_raw.astype(jnp.float32), 0.0)
 
-    D = (dot(zt_ref[row, h, _P], v, precision_t) + dot(zt_ref[row, h, _DY], Y_k, precision_t)
-         + H_d)
-    O = eq_ref[row, h, :][:, None] * Y_q + H_o + dot(zt_ref[row, h, _M], D, precision_t)
+    # On the [T] and [T, T] factors, not the [2T, BV] Y (that took 2.4 us more at B=256).
+    s_q, s_k = xs_ref[row, kh, pl.ds(0, T_pad)], xs_ref[row, kh, pl.ds(T_pad, T_pad)]
+    Dy = zt_ref[row, h, _DY] * s_k[None, :]
+    D = dot(zt_ref[row, h, _P], v, precision_t) + dot(Dy, Y_k, precision_t) + H_d
+    O = (eq_ref[row, h, :] * s_q)[:, None] * Y_q + H_o + dot(zt_ref[row, h, _M], D, precision_t)
 
     phys = ((cache_base + write_pos + tok) & (L - 1))[:, None]  # [T_pad, 1]
     store_rows(o_ref, (row, p.rows_v[0], h, p.rows_v[1]), O, p.mask_v)
@@ -597,7 +611,7 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
 def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_precision: str,
                   interpret: bool, common: dict):
   """One launch of `_coefficients_kernel` (or `_coefficients_xla`): ``(scratch, key_rings)``,
-  the stream's ``(x, zh, zt, eq)`` and ``(ring_k, ring_g, ring_beta, ring_rawk)`` with the
+  the stream's ``(x, xs, zh, zt, eq)`` and ``(ring_k, ring_g, ring_beta, ring_rawk)`` with the
   window's records written in place."""
   q, k, _, a, b, A_log, dt_bias = window
   slot_ids, write_pos, cache_base = cursors
@@ -616,7 +630,8 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
     raise ValueError(f"coefficient_key_split=True needs the key products on the tensor cores "
                      f"and a bfloat16 key ring; got coefficient_key_mma={key_mma} and a "
                      f"{key_rings[0].dtype} ring.")
-  scratch = (jax.ShapeDtypeStruct((B, H, 2 * T_pad, K), f32),
+  scratch = (jax.ShapeDtypeStruct((B, H, 2 * T_pad, K), q.dtype),
+             jax.ShapeDtypeStruct((B, H, 2 * T_pad), f32),
              jax.ShapeDtypeStruct((B, HV, 2 * T_pad, L), f32),
              jax.ShapeDtypeStruct((B, HV, 3, T_pad, T_pad), f32),
              jax.ShapeDtypeStruct((B, HV, T_pad), f32))
@@ -650,7 +665,8 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
   kc = min(tuning.k_chunk, K)
   mma = functools.partial(mma_algorithm, interpret=interpret)
   inputs = [*cursors, v, ssm, *scratch, ring_d, ring_rawv, *fold_rows, *fold_inputs]
-  aliases = {len(cursors) + 6: 1, len(cursors) + 7: 2}  # ring_d, ring_rawv
+  first_ring = len(cursors) + 2 + len(scratch)
+  aliases = {first_ring: 1, first_ring + 1: 2}  # ring_d, ring_rawv
   out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (v, ring_d, ring_rawv)]
   if o is not None:
     aliases[len(inputs)] = 0
