@@ -36,19 +36,37 @@ from replayssm_jax.kernels.backend import KernelTuning, interpret_mode, mma_algo
 
 # (block_v, num_warps, k_chunk, num_stages): the shipped stream launch first.
 LAUNCHES = ((128, 4, 64, 2), (128, 4, 32, 3), (128, 8, 64, 2), (64, 4, 64, 2), (64, 2, 64, 2))
-# (launch, tiles a program) of `multi_tile`, and the launches of `row_sum`.
+# (launch, tiles a program) of `loop_only`'s flat loops, and the launches of `row_sum`.
 MULTI = (((128, 4, 64, 2), 2), ((128, 4, 64, 3), 2), ((128, 4, 64, 3), 4), ((128, 4, 64, 3), 8),
          ((128, 4, 32, 4), 2), ((64, 4, 64, 3), 2), ((64, 4, 128, 2), 4))
 SUMS = ((128, 4, 64, 1), (128, 4, 64, 2), (128, 8, 32, 1), (64, 4, 128, 1))
 
 
+def _tile_index(g, heads: int, blocks: int, block_v: int):
+  """Tile ``g`` of the checkpoint in memory order: ``(row, h, vs)``."""
+  div, rem = jax.lax.div, jax.lax.rem  # (jnp's // and % lower badly inside a loop)
+  row, h, j = div(g, heads * blocks), rem(div(g, blocks), heads), rem(g, blocks)
+  return row, h, pl.ds(pl.multiple_of(j * block_v, block_v), block_v)
+
+
+def _launch(kernel, operands, out_shape, *, grid: int, launch, name: str, **kw) -> jax.Array:
+  """One Pallas call of a ``kernel(*refs, block_v=, k_chunk=, **kw)`` at ``launch``."""
+  block_v, warps, k_chunk, stages = launch
+  return pl.pallas_call(
+      functools.partial(kernel, block_v=block_v, k_chunk=k_chunk, **kw),
+      out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32),
+      grid=(grid,),
+      interpret=interpret_mode(),
+      compiler_params=KernelTuning(block_v=block_v, num_warps=warps, k_chunk=k_chunk,
+                                   num_stages=stages).compiler_params(),
+      name=f"read_{name}_bv{block_v}_w{warps}_kc{k_chunk}_s{stages}",
+  )(*operands)
+
+
 def _loop_kernel(x_ref, s_ref, y_ref, *, heads: int, ratio: int, block_v: int, k_chunk: int,
                  precision):
   """One program per ``[block_v, K]`` tile, in memory order: ``Y = X S0^T`` over K-chunks."""
-  i = pl.program_id(0)
-  blocks = s_ref.shape[2] // block_v
-  row, h, j = i // (heads * blocks), (i // blocks) % heads, i % blocks
-  vs = pl.ds(pl.multiple_of(j * block_v, block_v), block_v)
+  row, h, vs = _tile_index(pl.program_id(0), heads, s_ref.shape[2] // block_v, block_v)
 
   def chunk(c, Y):
     ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
@@ -56,36 +74,8 @@ def _loop_kernel(x_ref, s_ref, y_ref, *, heads: int, ratio: int, block_v: int, k
                                    (((1,), (1,)), ((), ())), precision=precision,
                                    preferred_element_type=jnp.float32)
 
-  rows = x_ref.shape[2]
-  K = s_ref.shape[3]
-  y_ref[row, h, :, vs] = jax.lax.fori_loop(0, K // k_chunk, chunk,
-                                           jnp.zeros((rows, block_v), jnp.float32))
-
-
-def loop_only(x, s, launch) -> jax.Array:
-  """The stream's K-loop over checkpoint ``s [B, HV, V, K]`` with ``x [B, H, 2 T_pad, K]``."""
-  block_v, warps, k_chunk, stages = launch
-  B, HV, V, K = s.shape
-  H, rows = x.shape[1], x.shape[2]
-  interpret = interpret_mode()
-  return pl.pallas_call(
-      functools.partial(_loop_kernel, heads=HV, ratio=HV // H, block_v=block_v,
-                        k_chunk=k_chunk,
-                        precision=mma_algorithm("default", k_chunk, interpret=interpret)),
-      out_shape=jax.ShapeDtypeStruct((B, HV, rows, V), jnp.float32),
-      grid=(B * HV * (V // block_v),),
-      interpret=interpret,
-      compiler_params=KernelTuning(block_v=block_v, num_warps=warps, k_chunk=k_chunk,
-                                   num_stages=stages).compiler_params(),
-      name=f"read_loop_bv{block_v}_w{warps}_kc{k_chunk}_s{stages}",
-  )(x, s)
-
-
-def _tile_index(g, heads: int, blocks: int, block_v: int):
-  """Tile ``g`` of the checkpoint in memory order: ``(row, h, vs)``."""
-  div, rem = jax.lax.div, jax.lax.rem
-  row, h, j = div(g, heads * blocks), rem(div(g, blocks), heads), rem(g, blocks)
-  return row, h, pl.ds(pl.multiple_of(j * block_v, block_v), block_v)
+  y_ref[row, h, :, vs] = jax.lax.fori_loop(0, s_ref.shape[3] // k_chunk, chunk,
+                                           jnp.zeros((x_ref.shape[2], block_v), jnp.float32))
 
 
 def _multi_kernel(x_ref, s_ref, y_ref, *, heads: int, ratio: int, block_v: int, k_chunk: int,
@@ -97,7 +87,7 @@ def _multi_kernel(x_ref, s_ref, y_ref, *, heads: int, ratio: int, block_v: int, 
   first = pl.program_id(0) * tiles
 
   def step(it, Y):
-    t, c = jax.lax.div(it, chunks), jax.lax.rem(it, chunks)  # (jnp's // and % lower badly here)
+    t, c = jax.lax.div(it, chunks), jax.lax.rem(it, chunks)
     row, h, vs = _tile_index(first + t, heads, blocks, block_v)
     ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
     Y = jnp.where(c == 0, 0.0, Y) + jax.lax.dot_general(
@@ -114,23 +104,20 @@ def _multi_kernel(x_ref, s_ref, y_ref, *, heads: int, ratio: int, block_v: int, 
                     jnp.zeros((x_ref.shape[2], block_v), jnp.float32))
 
 
-def multi_tile(x, s, launch, tiles: int) -> jax.Array:
-  """`loop_only` with ``tiles`` tiles a program (`_multi_kernel`)."""
-  block_v, warps, k_chunk, stages = launch
+def loop_only(x, s, launch, tiles: int = 1) -> jax.Array:
+  """The stream's K-loop over checkpoint ``s [B, HV, V, K]`` with ``x [B, H, 2 T_pad, K]``;
+  with ``tiles > 1`` over that many tiles a program, in one flat loop (`_multi_kernel`)."""
   B, HV, V, K = s.shape
   H, rows = x.shape[1], x.shape[2]
-  interpret = interpret_mode()
-  return pl.pallas_call(
-      functools.partial(_multi_kernel, heads=HV, ratio=HV // H, block_v=block_v,
-                        k_chunk=k_chunk, tiles=tiles,
-                        precision=mma_algorithm("default", k_chunk, interpret=interpret)),
-      out_shape=jax.ShapeDtypeStruct((B, HV, rows, V), jnp.float32),
-      grid=(B * HV * (V // block_v) // tiles,),
-      interpret=interpret,
-      compiler_params=KernelTuning(block_v=block_v, num_warps=warps, k_chunk=k_chunk,
-                                   num_stages=stages).compiler_params(),
-      name=f"read_multi{tiles}_bv{block_v}_w{warps}_kc{k_chunk}_s{stages}",
-  )(x, s)
+  block_v, k_chunk = launch[0], launch[2]
+  common = dict(heads=HV, ratio=HV // H,
+                precision=mma_algorithm("default", k_chunk, interpret=interpret_mode()))
+  tiles_total = B * HV * (V // block_v)
+  if tiles == 1:
+    return _launch(_loop_kernel, (x, s), (B, HV, rows, V), grid=tiles_total, launch=launch,
+                   name="loop", **common)
+  return _launch(_multi_kernel, (x, s), (B, HV, rows, V), grid=tiles_total // tiles,
+                 launch=launch, name=f"multi{tiles}", tiles=tiles, **common)
 
 
 def _sum_kernel(s_ref, y_ref, *, heads: int, block_v: int, k_chunk: int):
@@ -148,17 +135,9 @@ def _sum_kernel(s_ref, y_ref, *, heads: int, block_v: int, k_chunk: int):
 
 def row_sum(s, launch) -> jax.Array:
   """`_sum_kernel` over checkpoint ``s [B, HV, V, K]``."""
-  block_v, warps, k_chunk, stages = launch
   B, HV, V, K = s.shape
-  return pl.pallas_call(
-      functools.partial(_sum_kernel, heads=HV, block_v=block_v, k_chunk=k_chunk),
-      out_shape=jax.ShapeDtypeStruct((B, HV, V), jnp.float32),
-      grid=(B * HV * (V // block_v),),
-      interpret=interpret_mode(),
-      compiler_params=KernelTuning(block_v=block_v, num_warps=warps, k_chunk=k_chunk,
-                                   num_stages=stages).compiler_params(),
-      name=f"read_sum_bv{block_v}_w{warps}_kc{k_chunk}_s{stages}",
-  )(s)
+  return _launch(_sum_kernel, (s,), (B, HV, V), grid=B * HV * (V // launch[0]), launch=launch,
+                 name="sum", heads=HV)
 
 
 def _time_variant(kind, launch, fn, s, x, copy, reps) -> dict:
@@ -212,7 +191,7 @@ def main(argv=None) -> int:
     variants = [("loop", launch, lambda s, x, launch=launch: loop_only(x, s, launch))
                 for launch in LAUNCHES]
     variants += [(f"multi{m}", launch,
-                  lambda s, x, launch=launch, m=m: multi_tile(x, s, launch, m))
+                  lambda s, x, launch=launch, m=m: loop_only(x, s, launch, m))
                  for launch, m in MULTI]
     variants += [("sum", launch, lambda s, x, launch=launch: row_sum(s, launch))
                  for launch in SUMS]

@@ -212,13 +212,20 @@ def window_keys(q_raw, k_raw, T: int, scale: float) -> WindowKeys:
   return _window_keys(tok, tok < T, q_raw, k_raw, scale)
 
 
+def normalise_rows(x, rows=None) -> tuple[jax.Array, jax.Array]:
+  """``(x_hat, 1 / norm)`` over the last axis, in fp32: ``x_hat`` is `reference.l2_normalize`'s,
+  bit for bit (the same ops, the norm kept), the inverse norm one axis less; both zero where
+  the boolean ``rows`` (``x``'s leading axes) is false."""
+  x = x.astype(jnp.float32)
+  norm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + reference.L2_EPS)
+  if rows is None:
+    return x / norm, 1.0 / norm[..., 0]
+  inverse = jnp.where(rows, 1.0 / norm[..., 0], 0.0)
+  return jnp.where(rows[..., None], x / norm, 0.0), inverse
+
+
 def _window_keys(tok, in_window, q_raw, k_raw, scale: float) -> WindowKeys:
-  def normalise(x):  # `reference.l2_normalize`, bit for bit, and the norm's inverse
-    x = x.astype(jnp.float32)
-    norm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + reference.L2_EPS)
-    inverse = jnp.where(in_window, 1.0 / norm[:, 0], 0.0)
-    return jnp.where(in_window[:, None], x / norm, 0.0), inverse
-  (q_hat, s_q), (k_hat, s_k) = normalise(q_raw), normalise(k_raw)
+  (q_hat, s_q), (k_hat, s_k) = (normalise_rows(x, in_window) for x in (q_raw, k_raw))
   return WindowKeys(tok, in_window, k_raw, q_hat * scale, k_hat, q_raw, s_q * scale, s_k)
 
 

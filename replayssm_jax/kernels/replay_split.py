@@ -59,8 +59,9 @@ from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_orde
 from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_inputs,
                                                 history_mask, history_weights, key_inputs,
                                                 load_gates, load_history, load_keys,
-                                                scatter_records, store_rows, tile_program,
-                                                window_gates, window_keys, window_solve)
+                                                normalise_rows, scatter_records, store_rows,
+                                                tile_program, window_gates, window_keys,
+                                                window_solve)
 
 # Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
@@ -247,15 +248,12 @@ def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, rin
   per_value_head = lambda x: jnp.repeat(x, r, axis=1)  # [B, H, ...] -> [B, HV, ...]
 
   g, beta = reference.gdn_gating(a, b, A_log, dt_bias)  # [B, T, HV]
-  q_hat = reference.l2_normalize(q.astype(jnp.float32)) * K ** -0.5
-  k_hat = reference.l2_normalize(k.astype(jnp.float32))
+  (q_hat, s_q), (k_hat, s_k) = normalise_rows(q), normalise_rows(k)  # s: [B, T, H]
+  q_hat, s_q = q_hat * K ** -0.5, s_q * K ** -0.5
   stack = lambda q, k: jnp.moveaxis(jnp.concatenate([pad(q), pad(k)], axis=1), 1, 2)
   X = stack(q_hat, k_hat)  # [B, H, 2 T_pad, K]
-  X_raw = stack(q, k)  # the stream's, with its rows' norms xs
-  inverse_norm = lambda x: 1.0 / jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=-1)
-                                           + reference.L2_EPS)  # [B, T, H]
-  xs = jnp.moveaxis(jnp.concatenate([pad(inverse_norm(q) * K ** -0.5), pad(inverse_norm(k))],
-                                    axis=1), 1, 2)  # [B, H, 2 T_pad]
+  X_raw = stack(q, k)  # the stream's, with its rows' norms xs [B, H, 2 T_pad]
+  xs = stack(s_q, s_k)
   g_win, beta_win = (jnp.moveaxis(pad(x), 1, 2) for x in (g, beta))  # [B, HV, T_pad]
 
   slot = jnp.maximum(slot_ids, 0)
