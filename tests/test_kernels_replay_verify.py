@@ -352,6 +352,22 @@ def test_coefficient_loads_first_same_bits(c: Case, interpret):
     np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
 
 
+@pytest.mark.parametrize("c", [CASES[0], CASES[1]], ids=[CASES[0].id, CASES[1].id])
+def test_stream_early_same_bits(c: Case, interpret):
+  """The stream's epilogue loaded (and its Y-free products computed) before the K-loop
+  (`replay_split.STREAM_EARLY`) moves only work: the outputs and every ring bitwise those of
+  the epilogue after the loop, NaN-poisoned entries included, at T=4 and T=1."""
+  inp = make_inputs(c, seed=5)
+  run = lambda: replay_split.replay_verify_split(
+      **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
+      interpret=interpret)
+  outs = {early: _under_knob(replay_split, "STREAM_EARLY", early, run)
+          for early in replay_split.STREAM_EARLIES}
+  for early, out in outs.items():
+    for name, x, y in zip(("o", *RING_NAMES), outs["none"], out):
+      np.testing.assert_array_equal(bits(x), bits(y), err_msg=f"{early}: {name}")
+
+
 def _flush_some_rows(inp, c: Case):
   """Cursors of a step in which the rows with a full ring (write_pos L - T) fold their history
   first: per row the records to fold, their first ring index, and the cursors the window then
@@ -547,6 +563,9 @@ def test_knob_validation():
   with pytest.raises(ValueError, match="coefficients='cublas' is unknown"):
     replay_split.replay_verify_split(**inp, tuning=KernelTuning(block_v=16),
                                      dot_precision="ieee", interpret=True, coefficients="cublas")
+  with pytest.raises(ValueError, match="STREAM_EARLY='always' is unknown"):
+    _under_knob(replay_split, "STREAM_EARLY", "always", lambda: replay_split.replay_verify_split(
+        **inp, tuning=KernelTuning(block_v=16), dot_precision="ieee", interpret=True))
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the CPU refusal")
@@ -577,14 +596,20 @@ def test_inline_products_match_dots(m, k, n):
   assert replay_parts.inlines(m, k, n, m * k * n - 1) == (m == 1 or n == 1)
 
 
-def _under_grid(grid: str, run):
-  """``run()`` with every kernel traced in the ``grid`` launch order (`backend.TILE_GRID`)."""
+def _under_knob(module, name: str, value, run):
+  """``run()`` with every kernel traced under ``module.name = value`` (a knob read when a
+  kernel is traced, so the caches are cleared on the way in and out)."""
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(backend, "TILE_GRID", grid)
-    jax.clear_caches()  # the order is read when a kernel is traced
+    patch.setattr(module, name, value)
+    jax.clear_caches()
     out = jax.block_until_ready(run())
   jax.clear_caches()
   return out
+
+
+def _under_grid(grid: str, run):
+  """``run()`` with every kernel traced in the ``grid`` launch order (`backend.TILE_GRID`)."""
+  return _under_knob(backend, "TILE_GRID", grid, run)
 
 
 def test_grid_orders_keep_the_bits(interpret):

@@ -395,6 +395,10 @@ def main(argv=None) -> int:
                  default=replay_split.STREAM_FOLD_PREFETCH_RECORDS_TO,
                  help="the same for the folding programs of the split verify's stream "
                       "(kernels.replay_split.STREAM_FOLD_PREFETCH_RECORDS_TO)")
+  p.add_argument("--stream-early", choices=replay_split.STREAM_EARLIES,
+                 default=replay_split.STREAM_EARLY,
+                 help="what of the split verify stream's epilogue comes before its K-loop "
+                      "(kernels.replay_split.STREAM_EARLY)")
   args = p.parse_args(argv)
   fuse_fold_below = (dict(ssm.FUSE_FOLD_BELOW) if args.stream_fold is None
                      else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
@@ -417,7 +421,8 @@ def main(argv=None) -> int:
                 fold_prefetch_at=args.fold_prefetch_at,
                 fold_prefetch_records_to=args.fold_prefetch_records_to,
                 fold_prefetch_tile_ahead=args.fold_prefetch_tile_ahead,
-                stream_fold_prefetch_records_to=args.stream_fold_prefetch_records_to, rows=rows)
+                stream_fold_prefetch_records_to=args.stream_fold_prefetch_records_to,
+                stream_early=args.stream_early, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
@@ -434,7 +439,8 @@ def main(argv=None) -> int:
            (fold_kernels, "FOLD_PREFETCH_RECORDS_TO"): args.fold_prefetch_records_to,
            (fold_kernels, "FOLD_PREFETCH_TILE_AHEAD"): args.fold_prefetch_tile_ahead,
            (replay_split, "STREAM_FOLD_PREFETCH_RECORDS_TO"):
-               args.stream_fold_prefetch_records_to}
+               args.stream_fold_prefetch_records_to,
+           (replay_split, "STREAM_EARLY"): args.stream_early}
   defaults = {knob: getattr(*knob) for knob in knobs}
   for (module, name), value in knobs.items():
     setattr(module, name, value)

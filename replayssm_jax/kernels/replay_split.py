@@ -28,7 +28,8 @@ so the work splits:
    so the stream applies them to ``eq`` and ``Dy``, ``[T]`` and ``[T, T]``, not to ``Y``.
 2. `_stream_kernel`, grid (B, HV, V // BV): ``Y = X S0^T`` over a loop of K-chunks, so Triton
    pipelines the checkpoint loads (``num_stages``) into the tensor-core dots, then the three
-   small products above; it writes the outputs and the d and raw v records.
+   small products above, whose other operands it loads before the loop (`STREAM_EARLY`); it
+   writes the outputs and the d and raw v records.
 
 `fold_replay_verify_split` first folds a step's flush rows inside the stream: a folding row's
 programs replay its committed records into their checkpoint tiles (`fold.fold_rows`, the exact
@@ -310,6 +311,20 @@ class CoefficientLaunch(NamedTuple):
   loads_first: bool | None
 
 
+class _EpilogueInputs(NamedTuple):
+  """What a stream program's epilogue reads besides ``Y``, as loaded (`_stream_kernel`)."""
+
+  d_hist: jax.Array  # [L, BV] ring dtype, zero outside the history
+  v_raw: jax.Array  # [T_pad, BV] activation
+  zh: jax.Array  # [2 T_pad, L]: [Dh; Oh]
+  P: jax.Array  # [T_pad, T_pad]
+  Dy: jax.Array
+  M: jax.Array
+  eq: jax.Array  # [T_pad]
+  s_q: jax.Array  # [T_pad]: X's rows' inverse norms
+  s_k: jax.Array
+
+
 def _stream_kernel(
     slot_ids_ref, write_pos_ref, cache_base_ref,  # [B] int32
     v_ref,  # [B, T, HV, V] activation
@@ -323,10 +338,11 @@ def _stream_kernel(
     # rows="folding": o (aliased with o_ref)
     # outputs: o [B, T, HV, V] activation, ring_d_out, ring_rawv_out (, ssm_out with `fold`)
     T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
-    precision_t, fold: StreamFold | None, rows: str | None):
+    precision_t, fold: StreamFold | None, rows: str | None, early: str):
   """One program per ``[block_v, K]`` checkpoint tile of a (row, value head). ``rows``: which
   rows' programs work, the others only exit: all (None), or those that fold nothing
-  (``"unfolded"``) or something (``"folding"``) this step, the two launches of "own"."""
+  (``"unfolded"``) or something (``"folding"``) this step, the two launches of "own".
+  ``early``: what of the epilogue comes before the K-loop (`STREAM_EARLY`)."""
   del ring_rawv_ref  # read and written through the aliased output
   refs = list(refs)
   fold_count_ref = refs.pop(0) if fold is not None or rows is not None else None
@@ -355,6 +371,24 @@ def _stream_kernel(
           count=fold_count_ref[pos], rows=block_v, compiled=fold.compiled,
           first_row=p.j * block_v, slot=slot, h=h, kh=kh, base=fold_base_ref[pos], ring_len=L)
 
+    def epilogue_inputs():  # everything the epilogue reads, as loaded
+      valid, _ = history_mask(write_pos, cache_base, L)
+      return _EpilogueInputs(
+          d_hist=load_history(ring_d_ref.at[slot, h, :, vs], valid),  # [L, BV] ring dtype
+          v_raw=v_ref[row, jnp.minimum(tok, T - 1), h, vs],  # [T_pad, BV], rows past T repeat
+          zh=zh_ref[row, h], P=zt_ref[row, h, _P], Dy=zt_ref[row, h, _DY],
+          M=zt_ref[row, h, _M], eq=eq_ref[row, h, :],
+          s_q=xs_ref[row, kh, pl.ds(0, T_pad)], s_k=xs_ref[row, kh, pl.ds(T_pad, T_pad)])
+
+    def y_free_terms(e: _EpilogueInputs):  # the epilogue's products that need no Y
+      H_d, H_o = jnp.split(dot(e.zh, e.d_hist.astype(jnp.float32), precision_l), 2, axis=0)
+      v = jnp.where((tok < T)[:, None], e.v_raw.astype(jnp.float32), 0.0)
+      # The norms on the [T] and [T, T] factors, not the [2T, BV] Y (2.4 us more at B=256).
+      return dot(e.P, v, precision_t), H_d, H_o, e.Dy * e.s_k[None, :], e.eq * e.s_q
+
+    inputs = epilogue_inputs() if early != "none" else None  # issued before the loop's
+    terms = y_free_terms(inputs) if early == "products" else None
+
     def chunk(c, Y):  # Y += X[:, chunk] S0[:, chunk]^T: a loop Triton software-pipelines
       ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
       x = x_ref[row, kh, :, ks].astype(jnp.float32)  # the raw window: exact in a tf32 dot
@@ -362,17 +396,12 @@ def _stream_kernel(
 
     Y = jax.lax.fori_loop(0, K // k_chunk, chunk, jnp.zeros((2 * T_pad, block_v), jnp.float32))
     Y_q, Y_k = jnp.split(Y, 2, axis=0)  # of the raw X: its rows' norms scale eq and Dy below
-    valid, _ = history_mask(write_pos, cache_base, L)
-    d_hist = load_history(ring_d_ref.at[slot, h, :, vs], valid).astype(jnp.float32)  # [L, BV]
-    H_d, H_o = jnp.split(dot(zh_ref[row, h], d_hist, precision_l), 2, axis=0)
-    v_raw = v_ref[row, jnp.minimum(tok, T - 1), h, vs]  # [T_pad, BV], rows past T repeat
-    v = jnp.where((tok < T)[:, None], v_raw.astype(jnp.float32), 0.0)
-
-    # On the [T] and [T, T] factors, not the [2T, BV] Y (that took 2.4 us more at B=256).
-    s_q, s_k = xs_ref[row, kh, pl.ds(0, T_pad)], xs_ref[row, kh, pl.ds(T_pad, T_pad)]
-    Dy = zt_ref[row, h, _DY] * s_k[None, :]
-    D = dot(zt_ref[row, h, _P], v, precision_t) + dot(Dy, Y_k, precision_t) + H_d
-    O = (eq_ref[row, h, :] * s_q)[:, None] * Y_q + H_o + dot(zt_ref[row, h, _M], D, precision_t)
+    if inputs is None:
+      inputs = epilogue_inputs()
+    Pv, H_d, H_o, Dy, eq = y_free_terms(inputs) if terms is None else terms
+    D = Pv + dot(Dy, Y_k, precision_t) + H_d
+    O = eq[:, None] * Y_q + H_o + dot(inputs.M, D, precision_t)
+    v_raw = inputs.v_raw
 
     phys = ((cache_base + write_pos + tok) & (L - 1))[:, None]  # [T_pad, 1]
     store_rows(o_ref, (row, p.rows_v[0], h, p.rows_v[1]), O, p.mask_v)
@@ -381,6 +410,16 @@ def _stream_kernel(
 
 
 COEFFICIENTS = ("pallas", "xla")
+# What of the stream's epilogue (the products with the d history, v and the coefficients
+# kernel's factors, none of which needs Y) comes before its K-loop: "none", all after it;
+# "loads", the epilogue's loads, whose latency then hides under the loop's instead of
+# following it; "products", those loads and every product that needs no Y. The same bits.
+# H200, 20 reps (benchmarks/NOTES.md run 28), replay verify B=64 / 256: none 56.4-56.7 /
+# 177.7-178.0 us, loads 54.3-54.5 / 177.6-178.0, products 54.7 / 177.8-178.1.
+# Not in the stream that folds: its 168 registers a thread hold it at 3 programs an SM, and
+# what the loads first hold through the loop would cost it one (sm_90 compile: 127 -> 160).
+STREAM_EARLIES = ("none", "loads", "products")
+STREAM_EARLY = "loads"
 # How `fold_replay_verify_split` launches the stream for a step's folding rows:
 #   "shared": one launch of the stream with the fold for all rows; a folding row's programs
 #     fold their tiles first (run 9). The fold's code costs every program registers, so a
@@ -482,7 +521,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficients: str = "pallas",
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
-                             coefficient_stacked: bool = COEFFICIENT_STACKED,
+                                  coefficient_stacked: bool = COEFFICIENT_STACKED,
                              coefficient_inline: int | None = COEFFICIENT_INLINE,
                              coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
                              coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT,
@@ -676,7 +715,8 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
       functools.partial(_stream_kernel, block_v=tuning.block_v, k_chunk=kc,
                         precision_k=mma(dot_precision, kc),
                         precision_l=mma(dot_precision, common["L"]),
-                        fold=fold, rows=rows, **common),
+                        fold=fold, rows=rows, early="none" if fold else _choice(
+                            "STREAM_EARLY", STREAM_EARLY, STREAM_EARLIES), **common),
       out_shape=tuple(out_shape),
       grid=((HV, V // tuning.block_v, B) if fold and fold.first
             else row_grid(B, HV, V // tuning.block_v)),
