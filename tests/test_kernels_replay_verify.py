@@ -352,27 +352,6 @@ def test_coefficient_loads_first_same_bits(c: Case, interpret):
     np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
 
 
-VALUE_HEAD_CASES = [(CASES[0], 1), (CASES[2], 1), (CASES[2], 2), (CASES[7], 1)]
-
-
-@pytest.mark.parametrize("c,value_heads", VALUE_HEAD_CASES,
-                         ids=[f"{c.id}-vh{n}" for c, n in VALUE_HEAD_CASES])
-def test_coefficient_value_heads_same_bits(c: Case, value_heads, interpret):
-  """Fewer value heads a coefficients program (``coefficient_value_heads``, each program of a
-  key head redoing its key products, the first writing its records) moves only work: the
-  outputs and every ring bitwise those of one program a key head, NaN-poisoned entries and
-  the padding row included, with the loads first and without."""
-  inp = make_inputs(c, seed=6)
-  call = functools.partial(replay_split.replay_verify_split, **inp,
-                           tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
-                           interpret=interpret)
-  for loads_first in (False, True):
-    default, split = (call(coefficient_value_heads=n, coefficient_loads_first=loads_first)
-                      for n in (None, value_heads))
-    for name, x, y in zip(("o", *RING_NAMES), default, split):
-      np.testing.assert_array_equal(bits(x), bits(y), err_msg=f"{loads_first}: {name}")
-
-
 @pytest.mark.parametrize("c", [CASES[0], CASES[1]], ids=[CASES[0].id, CASES[1].id])
 def test_stream_early_same_bits(c: Case, interpret):
   """The stream's epilogue loaded (and its Y-free products computed) before the K-loop
@@ -584,14 +563,6 @@ def test_knob_validation():
   with pytest.raises(ValueError, match="coefficients='cublas' is unknown"):
     replay_split.replay_verify_split(**inp, tuning=KernelTuning(block_v=16),
                                      dot_precision="ieee", interpret=True, coefficients="cublas")
-  gqa2 = make_inputs(Case(2, 2, 16, 2, 4, 16, 16, 16))  # two value heads a key head
-  # Not a divisor of the two, none, or a part of them with two key heads a program.
-  for value_heads, key_heads in ((3, 1), (0, 1), (1, 2)):
-    with pytest.raises(ValueError, match=f"coefficient_value_heads={value_heads} must divide"):
-      replay_split.replay_verify_split(**gqa2, tuning=KernelTuning(block_v=16),
-                                       dot_precision="ieee", interpret=True,
-                                       coefficient_value_heads=value_heads,
-                                       coefficient_key_heads=key_heads)
   with pytest.raises(ValueError, match="STREAM_EARLY='always' is unknown"):
     _under_knob(replay_split, "STREAM_EARLY", "always", lambda: replay_split.replay_verify_split(
         **inp, tuning=KernelTuning(block_v=16), dot_precision="ieee", interpret=True))

@@ -67,8 +67,6 @@ COEFFICIENT_WARPS = (1, 2, 4)  # warps of the split form's coefficients kernel
 SPLIT_VARIANTS = (
     [dict(coefficient_warps=w) for w in COEFFICIENT_WARPS]
     + [dict(coefficient_key_heads=n) for n in (2, 4)]  # key heads per program (1)
-    # one value head a program (all of a key head's), with every load first or by default
-    + [dict(coefficient_value_heads=1, coefficient_loads_first=f) for f in (None, True)]
     + [dict(coefficient_stacked=True),  # one dot over [q_hat; k_hat] (one each)
        dict(coefficient_inline=None), dict(coefficient_inline=0),  # products written out
        dict(coefficient_key_mma=False), dict(coefficient_key_mma=True),  # key products' cores
@@ -90,7 +88,6 @@ def split_variants(gdn, T: int, knobs=None) -> list[dict]:
   ``knobs``, if given)."""
   return [x for x in SPLIT_VARIANTS
           if gdn.num_k_heads % x.get("coefficient_key_heads", 1) == 0
-          and gdn.num_v_heads // gdn.num_k_heads % x.get("coefficient_value_heads", 1) == 0
           and (T > 1 or not x.get("coefficient_key_split"))  # T=1: no key dot to split
           and (knobs is None or set(x) & set(knobs))]
 

@@ -68,9 +68,6 @@ from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_in
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
 COEFFICIENT_WARPS = 1
 COEFFICIENT_KEY_HEADS = 1  # key heads per program of the coefficients kernel
-# Value heads per program: None, all of a key head's (its key products once); fewer, a divisor
-# of them, and each of the key head's programs redoes its key products for a shorter chain.
-COEFFICIENT_VALUE_HEADS = None
 COEFFICIENT_STACKED = False  # one dot over [q_hat; k_hat] (True) or one each
 # Products of the coefficients kernel written out as a multiply and a sum (`replay_parts.dot`'s
 # ``inline``): those of at most this many multiplies, and single rows; None: all dots. H200,
@@ -116,26 +113,15 @@ def _coefficients_kernel(
     zt_ref,  # [B, HV, 3, T_pad, T_pad] f32: P, Dy, M
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
-    *, T: int, L: int, gqa_ratio: int, key_heads: int, value_heads: int, stacked: bool,
-    inline: int | None, key_mma: bool, key_split: bool, loads_first: bool, scale: float,
-    precision_k, precision_t):
+    *, T: int, L: int, gqa_ratio: int, key_heads: int, stacked: bool, inline: int | None,
+    key_mma: bool, key_split: bool, loads_first: bool, scale: float, precision_k,
+    precision_t):
   """One program per (row, ``key_heads`` key heads): per key head the key-side products once,
-  then each of its value heads; or, with ``value_heads`` < ``gqa_ratio`` (one key head a
-  program), per (row, ``value_heads`` value heads), each program with its key head's products
-  and the first one with its records."""
+  then each of its value heads."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
-  row, block = row_ids(2)
-  parts = gqa_ratio // value_heads  # programs per key head
-  first_kh = block // parts * key_heads
-  first_i = 0 if parts == 1 else block % parts * value_heads  # its first value head, of gqa_ratio
+  row, kh_block = row_ids(2)
+  first_kh = kh_block * key_heads
   slot = slot_ids_ref[row]
-
-  def once_per_key_head(store):  # the key head's records and scratch, by its first program
-    if parts == 1:
-      store()
-    else:
-      pl.when(first_i == 0)(store)
-
   T_pad = next_power_of_two(T)
 
   def value_head_inputs(h):  # a value head's window gate inputs and its ring gates
@@ -148,7 +134,7 @@ def _coefficients_kernel(
     if loads_first:  # every load of the key head and its value heads, then the arithmetic
       raw = key_inputs(q_ref, k_ref, row, kh, T)
       k_hist = load_history(ring_k_ref.at[slot, kh, :, :], valid)  # [L, K] ring dtype
-      heads = [value_head_inputs(kh * gqa_ratio + first_i + i) for i in range(value_heads)]
+      heads = [value_head_inputs(kh * gqa_ratio + i) for i in range(gqa_ratio)]
       win = window_keys(*raw, T, scale)
     else:
       win = load_keys(q_ref, k_ref, row, kh, T, scale)
@@ -156,11 +142,9 @@ def _coefficients_kernel(
     # The stream's X, raw, and its rows' norms, stored once every load is issued (the norms
     # scaling eq and Dy here, kept through the value heads, took the kernel from 126 to 154
     # registers and 26.3 to 29.7 us at B=256; benchmarks/NOTES.md run 27).
-    @once_per_key_head
-    def _scratch():
-      for half, (x, s) in enumerate(zip(win.raw_rows(), (win.s_q, win.s_k))):
-        x_ref[row, kh, pl.ds(half * T_pad, T_pad), :] = x
-        xs_ref[row, kh, pl.ds(half * T_pad, T_pad)] = s
+    for half, (x, s) in enumerate(zip(win.raw_rows(), (win.s_q, win.s_k))):
+      x_ref[row, kh, pl.ds(half * T_pad, T_pad), :] = x
+      xs_ref[row, kh, pl.ds(half * T_pad, T_pad)] = s
     if not key_mma:
       k_hist = k_hist.astype(jnp.float32)
     # [T_pad, L] and [T_pad, T_pad] products of q_hat and k_hat. Stacked: one dot over
@@ -186,14 +170,11 @@ def _coefficients_kernel(
     K = k_ref.shape[-1]
     cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
     mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
+    store_rows(ring_k_out_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
+    store_rows(ring_rawk_out_ref, (slot, kh, phys, cols_k), win.k_raw, mask_k)
 
-    @once_per_key_head
-    def _key_records():
-      store_rows(ring_k_out_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
-      store_rows(ring_rawk_out_ref, (slot, kh, phys, cols_k), win.k_raw, mask_k)
-
-    for i in range(value_heads):  # the program's value heads of this key head
-      h = kh * gqa_ratio + first_i + i
+    for i in range(gqa_ratio):  # the value heads of this key head
+      h = kh * gqa_ratio + i
       if loads_first:
         gate_in, g_ring = heads[i]
         gates = window_gates(*gate_in, T)
@@ -323,7 +304,6 @@ class CoefficientLaunch(NamedTuple):
   form: str  # one of COEFFICIENTS
   warps: int
   key_heads: int
-  value_heads: int | None
   stacked: bool
   inline: int | None
   key_mma: bool | None
@@ -488,8 +468,7 @@ STREAM_FOLD_PREFETCH_RECORDS_TO = "off"
 
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
-                 "coefficient_key_heads", "coefficient_value_heads", "coefficient_stacked",
-                 "coefficient_inline",
+                 "coefficient_key_heads", "coefficient_stacked", "coefficient_inline",
                  "coefficient_key_mma", "coefficient_key_split", "coefficient_loads_first")
 
 
@@ -499,7 +478,6 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         tuning: KernelTuning, dot_precision: str, interpret: bool,
                         coefficients: str = "pallas", coefficient_warps: int = COEFFICIENT_WARPS,
                         coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
-                        coefficient_value_heads: int | None = COEFFICIENT_VALUE_HEADS,
                         coefficient_stacked: bool = COEFFICIENT_STACKED,
                         coefficient_inline: int | None = COEFFICIENT_INLINE,
                         coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
@@ -509,8 +487,7 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
   steps ``tuning.k_chunk`` columns. ``coefficients``: ``"pallas"``, the kernel, one program
-  of ``coefficient_warps`` per (row, ``coefficient_key_heads`` key heads) or, below a key
-  head's value heads, per (row, ``coefficient_value_heads`` value heads), its key products
+  of ``coefficient_warps`` per (row, ``coefficient_key_heads`` key heads), its key products
   as one dot over ``[q_hat; k_hat]`` when ``coefficient_stacked`` (else one each), its small
   products written out up to ``coefficient_inline`` multiplies (`replay_parts.dot`), its key
   history products on the tensor cores when ``coefficient_key_mma`` (`_key_products_mma`;
@@ -524,8 +501,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                        tuning=tuning, fold=None, dot_precision=dot_precision,
                        interpret=interpret, launch=CoefficientLaunch(
                            coefficients, coefficient_warps, coefficient_key_heads,
-                           coefficient_value_heads, coefficient_stacked, coefficient_inline,
-                           coefficient_key_mma, coefficient_key_split, coefficient_loads_first))
+                           coefficient_stacked, coefficient_inline, coefficient_key_mma,
+                           coefficient_key_split, coefficient_loads_first))
   return o, *rings
 
 
@@ -544,8 +521,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficients: str = "pallas",
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
-                             coefficient_value_heads: int | None = COEFFICIENT_VALUE_HEADS,
-                             coefficient_stacked: bool = COEFFICIENT_STACKED,
+                                  coefficient_stacked: bool = COEFFICIENT_STACKED,
                              coefficient_inline: int | None = COEFFICIENT_INLINE,
                              coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
                              coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT,
@@ -598,8 +574,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          dot_precision=dot_precision, interpret=interpret,
                          launch=CoefficientLaunch(
                              coefficients, coefficient_warps, coefficient_key_heads,
-                             coefficient_value_heads, coefficient_stacked, coefficient_inline,
-                             coefficient_key_mma, coefficient_key_split, coefficient_loads_first))
+                             coefficient_stacked, coefficient_inline, coefficient_key_mma,
+                             coefficient_key_split, coefficient_loads_first))
   return o, ssm, *rings
 
 
@@ -630,15 +606,9 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   slot_ids = cursors[0]
   _choice("coefficients", launch.form, COEFFICIENTS)
   T, H = q.shape[1:3]
-  HV, L = v.shape[2], ring_g.shape[-1]
   if launch.key_heads < 1 or H % launch.key_heads:
     raise ValueError(f"coefficient_key_heads={launch.key_heads} must divide the {H} key heads.")
-  value_heads = HV // H if launch.value_heads is None else launch.value_heads
-  if value_heads < 1 or (HV // H) % value_heads or (value_heads < HV // H
-                                                     and launch.key_heads > 1):
-    raise ValueError(f"coefficient_value_heads={launch.value_heads} must divide the {HV // H} "
-                     f"value heads of a key head, and take all of them with "
-                     f"coefficient_key_heads={launch.key_heads} > 1.")
+  HV, L = v.shape[2], ring_g.shape[-1]
   mma = functools.partial(mma_algorithm, interpret=interpret)
   common = dict(T=T, L=L, gqa_ratio=HV // H, precision_t=mma("ieee", T))
 
@@ -690,8 +660,7 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
                              cache_base)
   mma = functools.partial(mma_algorithm, interpret=interpret)
   key_mma = T > 1 if launch.key_mma is None else launch.key_mma
-  value_heads = HV // H if launch.value_heads is None else launch.value_heads
-  programs = B * H // launch.key_heads * (HV // H // value_heads)
+  programs = B * H // launch.key_heads
   loads_first = ((T == 1 or programs <= LOADS_FIRST_MAX_PROGRAMS)
                  if launch.loads_first is None else launch.loads_first)
   if launch.key_split and not (key_mma and key_rings[0].dtype == jnp.bfloat16):
@@ -706,11 +675,11 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
   inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
   *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
       functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=launch.key_heads,
-                        value_heads=value_heads, stacked=launch.stacked, inline=launch.inline,
-                        key_mma=key_mma, key_split=launch.key_split, loads_first=loads_first,
+                        stacked=launch.stacked, inline=launch.inline, key_mma=key_mma,
+                        key_split=launch.key_split, loads_first=loads_first,
                         precision_k=mma(dot_precision, K), **common),
       out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
-      grid=row_grid(B, programs // B),
+      grid=row_grid(B, H // launch.key_heads),
       input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
       interpret=interpret,
       compiler_params=KernelTuning(num_warps=launch.warps, num_stages=1).compiler_params(),
