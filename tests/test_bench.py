@@ -206,13 +206,14 @@ def test_sweep_state_smoke(tmp_path):
 
 
 def test_sweep_replay_smoke(tmp_path):
-  """The replay sweep times the split form per coefficients launch (tiny geometry, CPU: the
-  other candidates' tiles are wider than its V and are skipped)."""
+  """The replay sweep times every form and the split form per coefficients launch, here those
+  of ``--knobs coefficient_warps`` (tiny geometry, CPU: the other candidates' tiles are wider
+  than its V and are skipped; every variant runs in `test_sweep_coefficients_smoke`)."""
   from replayssm_jax.bench import sweep
 
   out = tmp_path / "sweep.json"
-  assert sweep.main(["--tiny", "--only", "replay", "--batch", "2", "--reps", "1",
-                     "--out", str(out)]) == 0
+  assert sweep.main(["--tiny", "--only", "replay", "--knobs", "coefficient_warps", "--batch",
+                     "2", "--reps", "1", "--out", str(out)]) == 0
   rows = json.loads(out.read_text())["rows"]
   assert not [r for r in rows if "error" in r]
   warps = {r["coefficient_warps"] for r in rows if "coefficient_warps" in r}
