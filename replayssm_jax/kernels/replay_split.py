@@ -386,7 +386,7 @@ def _stream_kernel(
       # The norms on the [T] and [T, T] factors, not the [2T, BV] Y (2.4 us more at B=256).
       return dot(e.P, v, precision_t), H_d, H_o, e.Dy * e.s_k[None, :], e.eq * e.s_q
 
-    inputs = epilogue_inputs() if early != "none" else None  # issued before the loop's
+    inputs = epilogue_inputs() if early != "none" else None  # loads ahead of the loop's
     terms = y_free_terms(inputs) if early == "products" else None
 
     def chunk(c, Y):  # Y += X[:, chunk] S0[:, chunk]^T: a loop Triton software-pipelines
@@ -521,7 +521,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficients: str = "pallas",
                              coefficient_warps: int = COEFFICIENT_WARPS,
                              coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
-                                  coefficient_stacked: bool = COEFFICIENT_STACKED,
+                             coefficient_stacked: bool = COEFFICIENT_STACKED,
                              coefficient_inline: int | None = COEFFICIENT_INLINE,
                              coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
                              coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT,
