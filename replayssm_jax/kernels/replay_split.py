@@ -57,12 +57,14 @@ from replayssm_jax.config import next_power_of_two
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, row_grid, row_ids
 from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_order_pallas
-from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_inputs,
-                                                history_mask, history_weights, key_inputs,
-                                                load_gates, load_history, load_keys,
-                                                normalise_rows, scatter_records, store_rows,
-                                                tile_program, window_gates, window_keys,
-                                                window_solve)
+from replayssm_jax.kernels.replay_parts import (HeadCoefficients, WindowKeys, dot, dot_nt,
+                                                gate_inputs, history_mask, history_weights,
+                                                key_inputs, load_gates, load_history,
+                                                load_keys, normalise_rows, scatter_records,
+                                                store_gate_records, store_key_records,
+                                                store_rows, tile_program,
+                                                value_head_coefficients, window_gates,
+                                                window_keys, window_solve)
 
 # Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
@@ -167,11 +169,7 @@ def _coefficients_kernel(
     # alive for stores after them. H200, B=256 (benchmarks/NOTES.md run 20, with the stream's
     # X stored here too): 30.2 -> 28.7 us, the same bits; the registers stayed at 128, so the
     # gain is most likely the schedule (not profiled further).
-    K = k_ref.shape[-1]
-    cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
-    mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
-    store_rows(ring_k_out_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
-    store_rows(ring_rawk_out_ref, (slot, kh, phys, cols_k), win.k_raw, mask_k)
+    store_key_records(ring_k_out_ref, ring_rawk_out_ref, slot, kh, phys, win)
 
     for i in range(gqa_ratio):  # the value heads of this key head
       h = kh * gqa_ratio + i
@@ -181,19 +179,19 @@ def _coefficients_kernel(
       else:
         gates = load_gates(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T)
         g_ring = ring_g_ref[slot, h, :]
-      decay_all, w, _ = history_weights(write_pos, cache_base, g_ring)
-      C_q, C_k = XK_q * w[None, :], XK_k * w[None, :]
-      Gamma, decay, Tinv = window_solve(gates.g_win, gates.beta_win, kk, T)
-      exp_gamma = jnp.exp(Gamma)
-      E = Tinv * (gates.beta_win * exp_gamma)[None, :]
-      zh_ref[row, h, pl.ds(0, T_pad), :] = -dot(E, C_k, precision_t, inline)  # Dh
-      zh_ref[row, h, pl.ds(T_pad, T_pad), :] = exp_gamma[:, None] * C_q  # Oh
-      zt_ref[row, h, _P] = Tinv * gates.beta_win[None, :]
-      zt_ref[row, h, _DY] = -decay_all * E
-      zt_ref[row, h, _M] = decay * qk
-      eq_ref[row, h, :] = decay_all * exp_gamma
-      store_rows(ring_g_out_ref, (slot, h, phys[:, 0]), gates.g, win.in_window)
-      store_rows(ring_beta_out_ref, (slot, h, phys[:, 0]), gates.beta, win.in_window)
+      rows = (row, h)
+      scratch = {"Dh": (zh_ref, (*rows, pl.ds(0, T_pad), slice(None))),
+                 "Oh": (zh_ref, (*rows, pl.ds(T_pad, T_pad), slice(None))),
+                 "P": (zt_ref, (*rows, _P)), "Dy": (zt_ref, (*rows, _DY)),
+                 "M": (zt_ref, (*rows, _M)), "eq": (eq_ref, (*rows, slice(None)))}
+
+      def store(name, value, scratch=scratch):
+        ref, idx = scratch[name]
+        ref[idx] = value
+
+      value_head_coefficients(XK_q, XK_k, qk, kk, gates, g_ring, write_pos, cache_base, T=T,
+                              precision_t=precision_t, inline=inline, store=store)
+      store_gate_records(ring_g_out_ref, ring_beta_out_ref, slot, h, phys, gates, win.in_window)
 
   @pl.when(slot >= 0)  # padding rows: the stream kernel reads none of this
   def _coefficients():
