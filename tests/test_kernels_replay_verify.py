@@ -403,19 +403,6 @@ def test_fold_inside_the_stream(c: Case, launch, first, order, interpret):
                     launch_order=order)
 
 
-@pytest.mark.parametrize("first", [False, True], ids=["rows", "first"])
-@pytest.mark.parametrize("c", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
-def test_fold_inside_the_stream_own_coefficients(c: Case, first, interpret):
-  """The stream that computes its own coefficients (``"split-stream"``) folding the flush rows
-  first, as `test_fold_inside_the_stream`: its fold reads the records where its programs write
-  the window's, so a record read or written at the wrong place would show."""
-  check_fold_inside(c, make_inputs(c, seed=4), tuning=KernelTuning(block_v=c.block_v),
-                    fold_tuning=KernelTuning(block_v=max(c.block_v // 2, 1), num_warps=2,
-                                             k_chunk=16),
-                    form="split-stream", interpret=interpret, fold_launch="shared",
-                    fold_first=first, launch_order="pallas")
-
-
 def check_fold_inside(c: Case, inp, *, tuning, fold_tuning, form, interpret, **launch):
   """`fold_and_replay_verify` of ``form`` with the rows of `_flush_some_rows` folding, against
   the fold kernel and then `replay_verify` of the same form: the same checkpoint, outputs and
@@ -523,9 +510,6 @@ def test_fold_inside_the_stream_validation():
         **inp, fold_count=count, fold_base=fold_base, tuning=KernelTuning(block_v=16),
         fold_tuning=KernelTuning(block_v=8), fold_launch="apart", dot_precision="ieee",
         interpret=True)
-  with pytest.raises(ValueError, match="coefficients=\"stream\" folds in one launch"):
-    call(fold_count=count, fold_tuning=KernelTuning(block_v=8), form="split-stream",
-         fold_launch="own")
   with pytest.raises(ValueError, match="multiple of the fold's block_v=32"):
     replay_split.fold_replay_verify_split(
         **inp, fold_count=count, fold_base=fold_base, tuning=KernelTuning(block_v=16),

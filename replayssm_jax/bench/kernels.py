@@ -399,13 +399,7 @@ def main(argv=None) -> int:
                  default=replay_split.STREAM_EARLY,
                  help="what of the split verify stream's epilogue comes before its K-loop "
                       "(kernels.replay_split.STREAM_EARLY)")
-  for kind in kernel_backend.SPLIT_FORM:
-    p.add_argument(f"--{kind}-form", choices=kernel_backend.SPLIT_FORMS,
-                   default=kernel_backend.SPLIT_FORM[kind],
-                   help=f"the split replay verify form for a {kind} step "
-                        f"(kernels.backend.SPLIT_FORM[{kind!r}])")
   args = p.parse_args(argv)
-  split_form = {kind: getattr(args, f"{kind}_form") for kind in kernel_backend.SPLIT_FORM}
   fuse_fold_below = (dict(ssm.FUSE_FOLD_BELOW) if args.stream_fold is None
                      else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
   if args.fold_together is not None and not 0 < args.fold_together <= 1:
@@ -428,7 +422,7 @@ def main(argv=None) -> int:
                 fold_prefetch_records_to=args.fold_prefetch_records_to,
                 fold_prefetch_tile_ahead=args.fold_prefetch_tile_ahead,
                 stream_fold_prefetch_records_to=args.stream_fold_prefetch_records_to,
-                stream_early=args.stream_early, split_form=split_form, rows=rows)
+                stream_early=args.stream_early, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
@@ -446,8 +440,7 @@ def main(argv=None) -> int:
            (fold_kernels, "FOLD_PREFETCH_TILE_AHEAD"): args.fold_prefetch_tile_ahead,
            (replay_split, "STREAM_FOLD_PREFETCH_RECORDS_TO"):
                args.stream_fold_prefetch_records_to,
-           (replay_split, "STREAM_EARLY"): args.stream_early,
-           (kernel_backend, "SPLIT_FORM"): split_form}
+           (replay_split, "STREAM_EARLY"): args.stream_early}
   defaults = {knob: getattr(*knob) for knob in knobs}
   for (module, name), value in knobs.items():
     setattr(module, name, value)

@@ -85,12 +85,6 @@ def round_cpu_products_apart() -> None:
 
 # Rows from which the split form wins: a window (T >= 2), and decode (T = 1).
 SPLIT_MIN_BATCH = {"window": 16, "decode": 64}
-# Which split form from there: "split", the coefficients kernel and then the checkpoint
-# stream, or "split-stream", the stream alone, whose programs each compute their (row, value
-# head)'s coefficients, so the coefficients' latency-bound launch is gone
-# (`replay_split.COEFFICIENTS`).
-SPLIT_FORMS = ("split", "split-stream")
-SPLIT_FORM = {"window": "split", "decode": "split"}
 
 
 def replay_form(T: int, B: int) -> str:
@@ -99,13 +93,11 @@ def replay_form(T: int, B: int) -> str:
   The split form once its second launch pays: for a window from B = 16 (T=4: 25.0 against
   the UT form's 33.0 us at B=16, 216 against 395 at B=256), for decode from B = 64 (T=1: 54.6
   against the vector form's 58.9 us at B=64, 175 against 194 at B=256, but 22.4 against 21.2
-  at B=16); which split form, `SPLIT_FORM`. Below, the one-kernel forms: UT for a window,
-  vector for decode.
+  at B=16). Below, the one-kernel forms: UT for a window, vector for decode.
   """
-  kind = "decode" if T == 1 else "window"
-  if B >= SPLIT_MIN_BATCH[kind]:
-    return SPLIT_FORM[kind]
-  return "vec" if T == 1 else "ut"
+  if T == 1:
+    return "split" if B >= SPLIT_MIN_BATCH["decode"] else "vec"
+  return "split" if B >= SPLIT_MIN_BATCH["window"] else "ut"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,7 +147,7 @@ class KernelTuning:
     B=8 (64, 2) stays ahead, 33.1 against 44.3 us).
     """
     form = replay_form(T, B)
-    if form.startswith("split"):
+    if form == "split":
       return cls(block_v=min(128, V), num_warps=4, k_chunk=64, num_stages=2)
     if form == "vec":
       return cls(block_v=min(64, V), num_warps=4, k_chunk=32)

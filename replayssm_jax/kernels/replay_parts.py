@@ -13,7 +13,6 @@ of two): rows past T read token T - 1 and are zeroed, and stores skip them (`sto
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -274,51 +273,3 @@ def window_solve(g_win, beta_win, kk, T: int):
     row_i = Tinv - jnp.sum(a_i[..., :, None] * Tinv, axis=-2)[..., None, :]
     Tinv = jnp.where(tok[:, None] == i, row_i, Tinv)
   return Gamma, decay, Tinv
-
-
-class HeadCoefficients(NamedTuple):
-  """A (row, value head)'s coefficients of the split form (`replay_split`'s docstring), fp32:
-  ``D = P v + Dy Y_k + Dh D_hist`` and ``O = eq * Y_q + Oh D_hist + M D``."""
-
-  Dh: jax.Array  # [T_pad, L]
-  Oh: jax.Array  # [T_pad, L]
-  P: jax.Array  # [T_pad, T_pad]
-  Dy: jax.Array  # [T_pad, T_pad]
-  M: jax.Array  # [T_pad, T_pad]
-  eq: jax.Array  # [T_pad]
-
-
-def value_head_coefficients(XK_q, XK_k, qk, kk, gates: WindowGates, g_ring, write_pos,
-                            cache_base, *, T: int, precision_t, inline: int | None,
-                            store: Callable[[str, jax.Array], None]) -> None:
-  """`HeadCoefficients` of a value head from its key head's window products (``X K_hist^T``
-  as ``XK_q, XK_k [T_pad, L]``; ``qk, kk [T_pad, T_pad]``), its window gates and its ``[L]``
-  ring gates: ``store(field, value)`` for each field, in the order of the fields, as each is
-  computed (a kernel storing them to memory keeps each store next to its product)."""
-  decay_all, w, _ = history_weights(write_pos, cache_base, g_ring)
-  C_q, C_k = XK_q * w[None, :], XK_k * w[None, :]
-  Gamma, decay, Tinv = window_solve(gates.g_win, gates.beta_win, kk, T)
-  exp_gamma = jnp.exp(Gamma)
-  E = Tinv * (gates.beta_win * exp_gamma)[None, :]
-  store("Dh", -dot(E, C_k, precision_t, inline))
-  store("Oh", exp_gamma[:, None] * C_q)
-  store("P", Tinv * gates.beta_win[None, :])
-  store("Dy", -decay_all * E)
-  store("M", decay * qk)
-  store("eq", decay_all * exp_gamma)
-
-
-def store_key_records(ring_k_ref, ring_rawk_ref, slot, kh, phys, win: WindowKeys) -> None:
-  """The window's k_hat and raw k records of key head kh at ring rows ``phys [T_pad, 1]``."""
-  T_pad, K = win.k_hat.shape
-  cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
-  mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
-  store_rows(ring_k_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
-  store_rows(ring_rawk_ref, (slot, kh, phys, cols_k), win.k_raw, mask_k)
-
-
-def store_gate_records(ring_g_ref, ring_beta_ref, slot, h, phys, gates: WindowGates,
-                       in_window) -> None:
-  """The window's g and beta records of value head h at ring rows ``phys [T_pad, 1]``."""
-  store_rows(ring_g_ref, (slot, h, phys[:, 0]), gates.g, in_window)
-  store_rows(ring_beta_ref, (slot, h, phys[:, 0]), gates.beta, in_window)

@@ -57,14 +57,12 @@ from replayssm_jax.config import next_power_of_two
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, row_grid, row_ids
 from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_order_pallas
-from replayssm_jax.kernels.replay_parts import (HeadCoefficients, WindowKeys, dot, dot_nt,
-                                                gate_inputs, history_mask, history_weights,
-                                                key_inputs, load_gates, load_history,
-                                                load_keys, normalise_rows, scatter_records,
-                                                store_gate_records, store_key_records,
-                                                store_rows, tile_program,
-                                                value_head_coefficients, window_gates,
-                                                window_keys, window_solve)
+from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_inputs,
+                                                history_mask, history_weights, key_inputs,
+                                                load_gates, load_history, load_keys,
+                                                normalise_rows, scatter_records, store_rows,
+                                                tile_program, window_gates, window_keys,
+                                                window_solve)
 
 # Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
@@ -169,7 +167,11 @@ def _coefficients_kernel(
     # alive for stores after them. H200, B=256 (benchmarks/NOTES.md run 20, with the stream's
     # X stored here too): 30.2 -> 28.7 us, the same bits; the registers stayed at 128, so the
     # gain is most likely the schedule (not profiled further).
-    store_key_records(ring_k_out_ref, ring_rawk_out_ref, slot, kh, phys, win)
+    K = k_ref.shape[-1]
+    cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
+    mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
+    store_rows(ring_k_out_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
+    store_rows(ring_rawk_out_ref, (slot, kh, phys, cols_k), win.k_raw, mask_k)
 
     for i in range(gqa_ratio):  # the value heads of this key head
       h = kh * gqa_ratio + i
@@ -179,19 +181,19 @@ def _coefficients_kernel(
       else:
         gates = load_gates(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T)
         g_ring = ring_g_ref[slot, h, :]
-      rows = (row, h)
-      scratch = {"Dh": (zh_ref, (*rows, pl.ds(0, T_pad), slice(None))),
-                 "Oh": (zh_ref, (*rows, pl.ds(T_pad, T_pad), slice(None))),
-                 "P": (zt_ref, (*rows, _P)), "Dy": (zt_ref, (*rows, _DY)),
-                 "M": (zt_ref, (*rows, _M)), "eq": (eq_ref, (*rows, slice(None)))}
-
-      def store(name, value, scratch=scratch):
-        ref, idx = scratch[name]
-        ref[idx] = value
-
-      value_head_coefficients(XK_q, XK_k, qk, kk, gates, g_ring, write_pos, cache_base, T=T,
-                              precision_t=precision_t, inline=inline, store=store)
-      store_gate_records(ring_g_out_ref, ring_beta_out_ref, slot, h, phys, gates, win.in_window)
+      decay_all, w, _ = history_weights(write_pos, cache_base, g_ring)
+      C_q, C_k = XK_q * w[None, :], XK_k * w[None, :]
+      Gamma, decay, Tinv = window_solve(gates.g_win, gates.beta_win, kk, T)
+      exp_gamma = jnp.exp(Gamma)
+      E = Tinv * (gates.beta_win * exp_gamma)[None, :]
+      zh_ref[row, h, pl.ds(0, T_pad), :] = -dot(E, C_k, precision_t, inline)  # Dh
+      zh_ref[row, h, pl.ds(T_pad, T_pad), :] = exp_gamma[:, None] * C_q  # Oh
+      zt_ref[row, h, _P] = Tinv * gates.beta_win[None, :]
+      zt_ref[row, h, _DY] = -decay_all * E
+      zt_ref[row, h, _M] = decay * qk
+      eq_ref[row, h, :] = decay_all * exp_gamma
+      store_rows(ring_g_out_ref, (slot, h, phys[:, 0]), gates.g, win.in_window)
+      store_rows(ring_beta_out_ref, (slot, h, phys[:, 0]), gates.beta, win.in_window)
 
   @pl.when(slot >= 0)  # padding rows: the stream kernel reads none of this
   def _coefficients():
@@ -314,7 +316,7 @@ class _EpilogueInputs(NamedTuple):
 
   d_hist: jax.Array  # [L, BV] ring dtype, zero outside the history
   v_raw: jax.Array  # [T_pad, BV] activation
-  zh: jax.Array | tuple  # [2 T_pad, L]: [Dh; Oh]; a program's own: (Dh, Oh), [T_pad, L] each
+  zh: jax.Array  # [2 T_pad, L]: [Dh; Oh]
   P: jax.Array  # [T_pad, T_pad]
   Dy: jax.Array
   M: jax.Array
@@ -323,62 +325,34 @@ class _EpilogueInputs(NamedTuple):
   s_k: jax.Array
 
 
-class OwnCoefficients(NamedTuple):
-  """How a stream program computes its (row, value head)'s coefficients itself
-  (``coefficients="stream"``), as the coefficients kernel does for a key head's value heads."""
-
-  scale: float  # of q_hat: K ** -0.5
-  precision_k: object  # the key history products' (`backend.mma_algorithm`)
-  inline: int | None  # `COEFFICIENT_INLINE`
-
-
 def _stream_kernel(
     slot_ids_ref, write_pos_ref, cache_base_ref,  # [B] int32
     v_ref,  # [B, T, HV, V] activation
     ssm_in_ref,  # [slots, HV, V, K] f32: read only, or aliased with ssm_out (with `fold`)
-    x_ref,  # [B, H, 2 T_pad, K] activation: the raw window [q; k], zero past T
-    *refs,  # the coefficients kernel's xs, zh, zt, eq; with `own` instead: the window's q, k
-    # [B, T, H, K], a, b [B, T, HV], A_log, dt_bias [HV], and ring_k, ring_g, ring_beta,
-    # ring_rawk (aliased with the last four outputs); then
-    # ring_d [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref),
-    # ring_rawv [slots, HV, L, V] activation (aliased; not read),
-    # fold_count [B] int32 with `fold` or `rows`; with `fold`: fold_base [B] int32, and
-    # without `own` ring_rawk, ring_g, ring_beta (, row_order [B] int32 with `fold.first`: then
-    # the [B] row arrays, slot_ids to fold_base, are in launch order, `tile_program`'s pos);
-    # with rows="folding": o (aliased with o_ref)
+    x_ref, xs_ref, zh_ref, zt_ref, eq_ref,  # the coefficients kernel's scratch
+    ring_d_ref,  # [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref)
+    ring_rawv_ref,  # [slots, HV, L, V] activation (aliased; not read)
+    *refs,  # fold_count [B] int32 with `fold` or `rows`; with `fold`: fold_base [B] int32,
+    # ring_rawk, ring_g, ring_beta (, row_order [B] int32 with `fold.first`: then the [B] row
+    # arrays, slot_ids to fold_base, are in launch order, `tile_program`'s pos); with
+    # rows="folding": o (aliased with o_ref)
     # outputs: o [B, T, HV, V] activation, ring_d_out, ring_rawv_out (, ssm_out with `fold`)
-    # (, ring_k_out, ring_g_out, ring_beta_out, ring_rawk_out with `own`)
     T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
-    precision_t, fold: StreamFold | None, rows: str | None, early: str,
-    own: OwnCoefficients | None):
+    precision_t, fold: StreamFold | None, rows: str | None, early: str):
   """One program per ``[block_v, K]`` checkpoint tile of a (row, value head). ``rows``: which
   rows' programs work, the others only exit: all (None), or those that fold nothing
   (``"unfolded"``) or something (``"folding"``) this step, the two launches of "own".
-  ``early``: what of the epilogue comes before the K-loop (`STREAM_EARLY`). ``own``: the
-  program computes its coefficients itself from the window and the key rings (their loads with
-  the epilogue's, the arithmetic after the K-loop), and its V-block 0 writes the window's
-  g and beta records and, at a key head's first value head, its k records."""
+  ``early``: what of the epilogue comes before the K-loop (`STREAM_EARLY`)."""
+  del ring_rawv_ref  # read and written through the aliased output
   refs = list(refs)
-  take = lambda n: [refs.pop(0) for _ in range(n)]
-  if own is None:
-    xs_ref, zh_ref, zt_ref, eq_ref = take(4)
-  else:
-    q_ref, k_ref, a_ref, b_ref, A_log_ref, dt_bias_ref, ring_k_ref, ring_g_ref = take(8)
-    del refs[:2]  # ring_beta, ring_rawk: written only, through the aliased outputs
-  ring_d_ref, _ = take(2)  # ring_rawv is read and written through the aliased output
   fold_count_ref = refs.pop(0) if fold is not None or rows is not None else None
   if fold is not None:
-    fold_base_ref, = take(1)
-    fold_rings = take(3) if own is None else None  # ring_rawk, ring_g, ring_beta
+    fold_base_ref, ring_rawk_ref, ring_g_ref, ring_beta_ref = (refs.pop(0) for _ in range(4))
   row_order_ref = refs.pop(0) if fold is not None and fold.first else None
   if rows == "folding":
     del refs[0]  # the outputs of the other rows, written by the launch before (aliased)
-  o_ref, ring_d_out_ref, ring_rawv_out_ref = take(3)
-  ssm_ref = refs.pop(0) if fold is not None else ssm_in_ref
-  if own is not None:
-    ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref = take(4)
-    if fold is not None:  # the fold reads its records where this launch writes the window's
-      fold_rings = (ring_rawk_out_ref, ring_g_out_ref, ring_beta_out_ref)
+  o_ref, ring_d_out_ref, ring_rawv_out_ref, *ssm_out = refs
+  ssm_ref = ssm_out[0] if fold is not None else ssm_in_ref
   p = tile_program(slot_ids_ref, o_ref, T=T, gqa_ratio=gqa_ratio, block_v=block_v,
                    row_order_ref=row_order_ref)
   row, pos, h, kh, slot, vs, tok = p.row, p.pos, p.h, p.kh, p.slot, p.vs, p.tok
@@ -392,69 +366,28 @@ def _stream_kernel(
   def _stream():
     write_pos, cache_base = write_pos_ref[pos], cache_base_ref[pos]
     if fold is not None:
-      rawk, g, beta = fold_rings
       fold_kernels.fold_before_read(
-          ssm_ref, rawk, ring_rawv_out_ref, g, beta, loop=fold.loop,
+          ssm_ref, ring_rawk_ref, ring_rawv_out_ref, ring_g_ref, ring_beta_ref, loop=fold.loop,
           count=fold_count_ref[pos], rows=block_v, compiled=fold.compiled,
           first_row=p.j * block_v, slot=slot, h=h, kh=kh, base=fold_base_ref[pos], ring_len=L)
-    phys = lambda: ((cache_base + write_pos + tok) & (L - 1))[:, None]  # [T_pad, 1]
 
-    def epilogue_loads():  # everything the epilogue reads, as loaded
+    def epilogue_inputs():  # everything the epilogue reads, as loaded
       valid, _ = history_mask(write_pos, cache_base, L)
-      d_hist = load_history(ring_d_ref.at[slot, h, :, vs], valid)  # [L, BV] ring dtype
-      v_raw = v_ref[row, jnp.minimum(tok, T - 1), h, vs]  # [T_pad, BV], rows past T repeat
-      if own is not None:  # the coefficients' inputs
-        return d_hist, v_raw, (key_inputs(q_ref, k_ref, row, kh, T),
-                               load_history(ring_k_ref.at[slot, kh, :, :], valid),
-                               gate_inputs(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h,
-                                           T),
-                               ring_g_ref[slot, h, :])
       return _EpilogueInputs(
-          d_hist=d_hist, v_raw=v_raw,
+          d_hist=load_history(ring_d_ref.at[slot, h, :, vs], valid),  # [L, BV] ring dtype
+          v_raw=v_ref[row, jnp.minimum(tok, T - 1), h, vs],  # [T_pad, BV], rows past T repeat
           zh=zh_ref[row, h], P=zt_ref[row, h, _P], Dy=zt_ref[row, h, _DY],
           M=zt_ref[row, h, _M], eq=eq_ref[row, h, :],
           s_q=xs_ref[row, kh, pl.ds(0, T_pad)], s_k=xs_ref[row, kh, pl.ds(T_pad, T_pad)])
 
-    def own_coefficients(loaded) -> _EpilogueInputs:  # and the window's records
-      d_hist, v_raw, (raw, k_hist, gate_in, g_ring) = loaded
-      win, gates = window_keys(*raw, T, own.scale), window_gates(*gate_in, T)
-      k_hist = k_hist.astype(jnp.float32)
-      XK_q, XK_k = (dot_nt(x, k_hist, own.precision_k, own.inline)
-                    for x in (win.q_hat, win.k_hat))
-      qk, kk = (dot_nt(x, win.k_hat, precision_t, own.inline) for x in (win.q_hat, win.k_hat))
-      c = {}
-      value_head_coefficients(XK_q, XK_k, qk, kk, gates, g_ring, write_pos, cache_base, T=T,
-                              precision_t=precision_t, inline=own.inline, store=c.__setitem__)
-      c = HeadCoefficients(**c)
-
-      @pl.when(p.j == 0)  # one program of the (row, value head) writes its records
-      def _records():
-        store_gate_records(ring_g_out_ref, ring_beta_out_ref, slot, h, phys(), gates,
-                           win.in_window)
-
-        @pl.when(h % gqa_ratio == 0)
-        def _key_records():
-          store_key_records(ring_k_out_ref, ring_rawk_out_ref, slot, kh, phys(), win)
-
-      return _EpilogueInputs(d_hist, v_raw, (c.Dh, c.Oh), c.P, c.Dy, c.M, c.eq, win.s_q,
-                             win.s_k)
-
-    def epilogue_inputs(loaded) -> _EpilogueInputs:
-      return loaded if own is None else own_coefficients(loaded)
-
     def y_free_terms(e: _EpilogueInputs):  # the epilogue's products that need no Y
-      d_hist = e.d_hist.astype(jnp.float32)
-      if isinstance(e.zh, tuple):  # Dh and Oh apart: no row concatenation in Triton
-        H_d, H_o = (dot(z, d_hist, precision_l) for z in e.zh)
-      else:
-        H_d, H_o = jnp.split(dot(e.zh, d_hist, precision_l), 2, axis=0)
+      H_d, H_o = jnp.split(dot(e.zh, e.d_hist.astype(jnp.float32), precision_l), 2, axis=0)
       v = jnp.where((tok < T)[:, None], e.v_raw.astype(jnp.float32), 0.0)
       # The norms on the [T] and [T, T] factors, not the [2T, BV] Y (2.4 us more at B=256).
       return dot(e.P, v, precision_t), H_d, H_o, e.Dy * e.s_k[None, :], e.eq * e.s_q
 
-    loaded = epilogue_loads() if early != "none" else None  # loads ahead of the loop's
-    inputs = epilogue_inputs(loaded) if early == "products" else None
-    terms = y_free_terms(inputs) if inputs is not None else None
+    inputs = epilogue_inputs() if early != "none" else None  # loads ahead of the loop's
+    terms = y_free_terms(inputs) if early == "products" else None
 
     def chunk(c, Y):  # Y += X[:, chunk] S0[:, chunk]^T: a loop Triton software-pipelines
       ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
@@ -464,19 +397,19 @@ def _stream_kernel(
     Y = jax.lax.fori_loop(0, K // k_chunk, chunk, jnp.zeros((2 * T_pad, block_v), jnp.float32))
     Y_q, Y_k = jnp.split(Y, 2, axis=0)  # of the raw X: its rows' norms scale eq and Dy below
     if inputs is None:
-      inputs = epilogue_inputs(epilogue_loads() if loaded is None else loaded)
+      inputs = epilogue_inputs()
     Pv, H_d, H_o, Dy, eq = y_free_terms(inputs) if terms is None else terms
     D = Pv + dot(Dy, Y_k, precision_t) + H_d
     O = eq[:, None] * Y_q + H_o + dot(inputs.M, D, precision_t)
     v_raw = inputs.v_raw
 
-    phys = phys()
+    phys = ((cache_base + write_pos + tok) & (L - 1))[:, None]  # [T_pad, 1]
     store_rows(o_ref, (row, p.rows_v[0], h, p.rows_v[1]), O, p.mask_v)
     store_rows(ring_d_out_ref, (slot, h, phys, p.rows_v[1]), D, p.mask_v)
     store_rows(ring_rawv_out_ref, (slot, h, phys, p.rows_v[1]), v_raw, p.mask_v)
 
 
-COEFFICIENTS = ("pallas", "xla", "stream")
+COEFFICIENTS = ("pallas", "xla")
 # What of the stream's epilogue (the products with the d history, v and the coefficients
 # kernel's factors, none of which needs Y) comes before its K-loop: "none", all after it;
 # "loads", the epilogue's loads, whose latency then hides under the loop's instead of
@@ -679,28 +612,15 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   mma = functools.partial(mma_algorithm, interpret=interpret)
   common = dict(T=T, L=L, gqa_ratio=HV // H, precision_t=mma("ieee", T))
 
-  own = None
-  if launch.form == "stream":  # the stream's programs compute the coefficients themselves
-    if fold is not None and fold.launch != "shared":
-      raise ValueError(f'coefficients="stream" folds in one launch of the stream for all rows '
-                       f'(fold_launch="shared"); got fold_launch={fold.launch!r}.')
-    q, k, _, a, b, A_log, dt_bias = window
-    K = q.shape[-1]
-    own = OwnCoefficients(scale=K ** -0.5, precision_k=mma(dot_precision, K),
-                          inline=COEFFICIENT_INLINE)
-    scratch = (_raw_window(q, k), q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta,
-               ring_rawk)
-  else:
-    scratch, (ring_k, ring_g, ring_beta, ring_rawk) = _coefficients(
-        window, (ring_k, ring_g, ring_beta, ring_rawk), cursors, launch=launch,
-        dot_precision=dot_precision, interpret=interpret, common=common)
+  scratch, (ring_k, ring_g, ring_beta, ring_rawk) = _coefficients(
+      window, (ring_k, ring_g, ring_beta, ring_rawk), cursors, launch=launch,
+      dot_precision=dot_precision, interpret=interpret, common=common)
 
   stream = functools.partial(_stream, v, scratch, tuning=tuning, interpret=interpret,
-                             dot_precision=dot_precision, common=common, own=own)
+                             dot_precision=dot_precision, common=common)
 
   def fused(ssm, ring_d, ring_rawv, **kw):  # the stream launch that folds
-    fold_inputs = (ring_rawk, ring_g, ring_beta) if own is None else ()  # else in `scratch`
-    row_cursors, row_folds = cursors, fold_rows
+    fold_inputs, row_cursors, row_folds = (ring_rawk, ring_g, ring_beta), cursors, fold_rows
     if fold.first:  # the row arrays in launch order (`tile_program`)
       ordered = fold_first_order if fold.order == "xla" else functools.partial(
           fold_first_order_pallas, interpret=interpret)
@@ -711,9 +631,9 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
                   fold_inputs=fold_inputs, **kw)
 
   if fold is None:
-    o, ring_d, ring_rawv, *key_rings = stream(cursors, ssm, ring_d, ring_rawv)
+    o, ring_d, ring_rawv = stream(cursors, ssm, ring_d, ring_rawv)
   elif fold.launch == "shared":
-    o, ring_d, ring_rawv, ssm, *key_rings = fused(ssm, ring_d, ring_rawv)
+    o, ring_d, ring_rawv, ssm = fused(ssm, ring_d, ring_rawv)
   else:  # "own": the rows that fold nothing, then, if the device finds any, the folding rows
     fold_count = fold_rows[0]
     o, ring_d, ring_rawv = stream(cursors, ssm, ring_d, ring_rawv, rows="unfolded",
@@ -722,17 +642,7 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
         jnp.any((fold_count > 0) & (slot_ids >= 0)),
         lambda o, d, rawv, ssm: fused(ssm, d, rawv, o=o, rows="folding"),
         lambda *outs: outs, o, ring_d, ring_rawv, ssm)
-  if own is not None:  # written in place by the stream
-    ring_k, ring_g, ring_beta, ring_rawk = key_rings
   return o, ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)
-
-
-def _raw_window(q, k):
-  """``[B, H, 2 T_pad, K]``: the raw window ``[q; k]`` of each (row, key head), zero past T,
-  the stream's X when it computes its own coefficients (one small XLA fusion)."""
-  T = q.shape[1]
-  pad = [(0, 0), (0, next_power_of_two(T) - T), (0, 0), (0, 0)]
-  return jnp.moveaxis(jnp.concatenate([jnp.pad(q, pad), jnp.pad(k, pad)], axis=1), 1, 2)
 
 
 def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_precision: str,
@@ -780,17 +690,13 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
 
 def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning,
             interpret: bool, dot_precision: str, common: dict, fold: StreamFold | None = None,
-            rows: str | None = None, fold_rows=(), fold_inputs=(), o=None,
-            own: OwnCoefficients | None = None):
+            rows: str | None = None, fold_rows=(), fold_inputs=(), o=None):
   """One launch of `_stream_kernel`; ``ring_d``, ``ring_rawv`` (and with ``fold`` ``ssm``)
-  updated in place. ``scratch``: the coefficients kernel's, or with ``own`` the raw window
-  X, the window and the key rings (`_split`), those four rings updated in place.
-  ``fold_rows``: ``(fold_count,)`` with ``rows``, ``(fold_count, fold_base)`` with ``fold``,
-  whose ``fold_inputs`` are ``(ring_rawk, ring_g, ring_beta)`` (none with ``own``) and, with
-  ``fold.first``, the rows' launch order, in which ``cursors`` and ``fold_rows`` then come
-  (`tile_program`); ``o``: the outputs of a launch before it (``rows="folding"``). Returns
-  ``(o, ring_d, ring_rawv)``, then ``ssm`` with ``fold``, then the four key rings with
-  ``own``."""
+  updated in place. ``fold_rows``: ``(fold_count,)`` with ``rows``, ``(fold_count,
+  fold_base)`` with ``fold``, whose ``fold_inputs`` are ``(ring_rawk, ring_g, ring_beta)``
+  and, with ``fold.first``, the rows' launch order, in which ``cursors`` and ``fold_rows`` then
+  come (`tile_program`); ``o``: the outputs of a launch before it
+  (``rows="folding"``). Returns ``(o, ring_d, ring_rawv)``, and ``ssm`` last with ``fold``."""
   B, _, HV, V = v.shape
   K = ssm.shape[-1]
   kc = min(tuning.k_chunk, K)
@@ -805,17 +711,12 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
   if fold is not None:  # the folded checkpoint is a fourth output, in place
     aliases[len(cursors) + 1] = 3
     out_shape.append(jax.ShapeDtypeStruct(ssm.shape, ssm.dtype))
-  if own is not None:  # ring_k, ring_g, ring_beta, ring_rawk: the last of `scratch`
-    for i, ring in enumerate(scratch[-4:]):
-      aliases[first_ring - 4 + i] = len(out_shape)
-      out_shape.append(jax.ShapeDtypeStruct(ring.shape, ring.dtype))
   return pl.pallas_call(
       functools.partial(_stream_kernel, block_v=tuning.block_v, k_chunk=kc,
                         precision_k=mma(dot_precision, kc),
                         precision_l=mma(dot_precision, common["L"]),
                         fold=fold, rows=rows, early="none" if fold else _choice(
-                            "STREAM_EARLY", STREAM_EARLY, STREAM_EARLIES), own=own,
-                        **common),
+                            "STREAM_EARLY", STREAM_EARLY, STREAM_EARLIES), **common),
       out_shape=tuple(out_shape),
       grid=((HV, V // tuning.block_v, B) if fold and fold.first
             else row_grid(B, HV, V // tuning.block_v)),
@@ -823,5 +724,5 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
       name=f"replay_stream_T{common['T']}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
-           f"{'_fold' if fold else ''}{'_' + rows if rows else ''}{'_own' if own else ''}",
+           f"{'_fold' if fold else ''}{'_' + rows if rows else ''}",
   )(*inputs)

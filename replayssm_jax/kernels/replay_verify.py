@@ -24,8 +24,7 @@ other ring entry is left bitwise untouched, and ``ssm`` is only read. A row with
 
 Forms of the same math (`backend.replay_form` picks by T and B): from B = 16 the ``"split"``
 form (`replay_split`: the window's coefficients once per (row, key head), then a pipelined
-stream of the checkpoint; ``"split-xla"`` computes the coefficients in XLA, ``"split-stream"``
-in the stream's own programs), and below it
+stream of the checkpoint; ``"split-xla"`` computes the coefficients in XLA), and below it
 the one-kernel forms here, grid (B, HV, V // BV), one program per ``[BV, K]`` checkpoint tile,
 whole-array refs indexed by the row's slot (as `recurrent.py`), no loop: ``"ut"``, below,
 holds the window as ``[T, K]`` tiles and uses tensor-core dots (T >= 2); ``"vec"``
@@ -76,9 +75,7 @@ RING_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 # The (I + A) inverse is unrolled T - 1 times; the [2 T, K] window tile lives in registers
 # (H200: T=8 ran in 546 us at B=256, T=16 in 8.6 ms, spilling).
 MAX_DRAFT_TOKENS = 16
-FORMS = ("ut", "vec", "split", "split-xla", "split-stream")
-# The split forms' coefficients (`replay_split.COEFFICIENTS`) by form.
-_SPLIT_COEFFICIENTS = {"split": "pallas", "split-xla": "xla", "split-stream": "stream"}
+FORMS = ("ut", "vec", "split", "split-xla")
 
 
 def _replay_verify_kernel(
@@ -388,8 +385,7 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
       transform, ``"vec"``, T separate vectors by multiply-reduce (no dots), or ``"split"``,
       the window's coefficients once per (row, head) and then a pipelined stream of the
       checkpoint (`replay_split`), or ``"split-xla"``, the same with the coefficients as
-      batched XLA ops, or ``"split-stream"``, the stream alone, each of its programs computing
-      its (row, value head)'s coefficients; None picks `backend.replay_form` of (T, B).
+      batched XLA ops; None picks `backend.replay_form` of (T, B).
 
   Returns:
     ``(o, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``, ``o [B, T, HV, V]`` in
@@ -404,7 +400,7 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   if form.startswith("split"):
     return replay_split.replay_verify_split(
         *args, tuning=tuning, dot_precision=dot_precision, interpret=interpret,
-        coefficients=_SPLIT_COEFFICIENTS[form])
+        coefficients="xla" if form == "split-xla" else "pallas")
   return _replay_verify_call(*args, tuning=tuning, dot_precision=dot_precision,
                              interpret=interpret, form=form)
 
@@ -462,7 +458,7 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
       fold_launch=fold_launch or replay_split.FOLD_LAUNCH,
       fold_first=replay_split.STREAM_FOLD_FIRST if fold_first is None else fold_first,
       launch_order=launch_order or replay_split.LAUNCH_ORDER,
-      coefficients=_SPLIT_COEFFICIENTS[form])
+      coefficients="xla" if form == "split-xla" else "pallas")
 
 
 def _checked_form(args, tuning: KernelTuning, dot_precision: str, form: str | None) -> str:
