@@ -177,7 +177,7 @@ def default_state_tuning(spec: SpecConfig, V: int) -> KernelTuning:
 def default_replay_tuning(spec: SpecConfig, V: int, T: int, B: int) -> KernelTuning:
   """The measured launch of ``spec.backend``'s replay verify for B rows of T tokens."""
   if spec.backend == "triton":
-    return _triton_kernels().replay_tuning(V, T)
+    return _triton_kernels().replay_tuning(V, T, B)
   return KernelTuning.replay_default(V, T, B)
 
 

@@ -133,8 +133,9 @@ def test_fold_bitwise_equals_recurrent_verify(case, dtype, mode):
 
 
 def replay_tuning_for(c: replay_tests.Case, form: str) -> KernelTuning:
-  """The case's block_v; the UT form's tl.dot needs at least 16 (and a K-chunk of 16 or more)."""
-  return KernelTuning(block_v=max(c.block_v, 16) if form == "ut" else c.block_v, k_chunk=32)
+  """The case's block_v; the UT and split forms' tl.dot needs at least 16 (and a K-chunk of 16
+  or more)."""
+  return KernelTuning(block_v=c.block_v if form == "vec" else max(c.block_v, 16), k_chunk=32)
 
 
 def ulp_close(got, want, dtype) -> None:
@@ -146,7 +147,7 @@ def ulp_close(got, want, dtype) -> None:
                              atol=4 * eps * 1e-3)
 
 
-@pytest.mark.parametrize("form", ["ut", "vec"])
+@pytest.mark.parametrize("form", ["ut", "vec", "split"])
 @pytest.mark.parametrize("c", replay_tests.CASES, ids=[c.id for c in replay_tests.CASES])
 def test_replay_verify(c: replay_tests.Case, form, mode):
   """Against the float64 oracle and the reference; each ring entry written right or untouched."""

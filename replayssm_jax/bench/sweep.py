@@ -58,7 +58,10 @@ STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
 TRITON_REPLAY = [("ut", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
                  for bv, w, kc in [(64, 2, 32), (64, 4, 32), (32, 2, 32), (128, 4, 32)]] + [
     ("vec", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
-    for bv, w, kc in [(64, 4, 32), (32, 2, 32), (128, 4, 32), (64, 2, 32)]]
+    for bv, w, kc in [(64, 4, 32), (32, 2, 32), (128, 4, 32), (64, 2, 32)]] + [
+    ("split", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=st))
+    for bv, w, kc, st in [(128, 4, 64, 2), (64, 4, 64, 2), (64, 4, 64, 3), (64, 4, 32, 3),
+                          (128, 8, 64, 2), (64, 2, 64, 2), (32, 2, 64, 3)]]
 TRITON_STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
                 for bv, w, kc in [(32, 2, 8), (32, 2, 16), (16, 1, 8), (32, 4, 8), (64, 4, 8)]]
 CANDIDATES = {"pallas": (REPLAY, STATE), "triton": (TRITON_REPLAY, TRITON_STATE)}
@@ -113,7 +116,9 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
     else:
       variants += [("split", stream, extra) for extra in split_variants(gdn, T, knobs)]
   for form, tuning, extra in variants:
-    if tuning.block_v > gdn.head_v_dim or (backend == "triton" and (form == "vec") != (T == 1)):
+    one_kernel_form = {"vec": T == 1, "ut": T > 1}  # the triton one-kernel form of each T
+    if tuning.block_v > gdn.head_v_dim or (backend == "triton"
+                                           and not one_kernel_form.get(form, True)):
       continue
     cache = _replay_cache(rng, gdn, spec, B, np.full(B, wp), np.zeros(B, bool))
     if extra:

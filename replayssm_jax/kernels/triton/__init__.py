@@ -6,8 +6,9 @@ nothing written) as the Pallas kernels, so `replayssm_jax.ssm` dispatches to the
 - `recurrent_verify`, `recurrent_decode` (`recurrent`): the backend's baseline;
 - `fold` (`fold`): the exact fold, bitwise equal to the recurrent verify by construction (one
   shared step function in `tile`, one `KernelTuning`);
-- `replay_verify` (`replay_verify`): the UT form for any T <= 16 and the dot-free vector form
-  for T = 1.
+- `replay_verify` (`replay_verify`): the split form (`replay_split`: coefficients, then a
+  pipelined checkpoint stream) from 16 rows of a window and 64 of decode, below them the UT
+  form for any T <= 16 and the dot-free vector form for T = 1.
 
 `launch` runs a kernel through `jax_triton.triton_call` on a GPU, through Triton's interpreter
 under ``TRITON_INTERPRET=1`` (CPU tests), or compiles it for sm_90 without a GPU
@@ -53,12 +54,17 @@ def state_tuning(V: int) -> KernelTuning:
   return KernelTuning(block_v=min(32, V), num_warps=2, k_chunk=16)
 
 
-def replay_tuning(V: int, T: int) -> KernelTuning:
-  """Launch parameters of the triton replay verify.
+def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
+  """Launch parameters of the triton replay verify in its form for (T, B) (`replay_form`).
 
-  H200, 2026-11-30, B=256, write_pos 8 (benchmarks/NOTES.md run 5): ``[128, K]`` tiles over 4
-  warps in K-chunks of 32 were the fastest of the launches tried for both forms: UT at T=4
-  502 us (721 us at (64, 2)), the vector form at T=1 222 us (278 us at (64, 4)).
+  The split form's stream: the Pallas stream's launch, ``[128, K]`` tiles over 4 warps in
+  K-chunks of 64 through 2 pipeline stages. The one-kernel forms, H200, 2026-11-30, B=256,
+  write_pos 8 (benchmarks/NOTES.md run 5): ``[128, K]`` tiles over 4 warps in K-chunks of 32
+  were the fastest of the launches tried for both: UT at T=4 502 us (721 us at (64, 2)), the
+  vector form at T=1 222 us (278 us at (64, 4)).
   """
-  del T  # one launch served both measured window sizes best
+  from replayssm_jax.kernels.triton.replay_verify import replay_form  # needs triton
+
+  if replay_form(T, B) == "split":
+    return KernelTuning(block_v=min(128, V), num_warps=4, k_chunk=64, num_stages=2)
   return KernelTuning(block_v=min(128, V), num_warps=4, k_chunk=32)

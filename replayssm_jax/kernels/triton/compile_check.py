@@ -19,6 +19,7 @@ from replayssm_jax.kernels.triton import replay_tuning, state_tuning
 from replayssm_jax.kernels.triton.fold import fold_launch
 from replayssm_jax.kernels.triton.launch import Launch, compile_sm90, resource_usage
 from replayssm_jax.kernels.triton.recurrent import recurrent_launch
+from replayssm_jax.kernels.triton.replay_split import split_launches
 from replayssm_jax.kernels.triton.replay_verify import replay_verify_launch
 
 ANCHOR = dict(H=16, HV=32, K=128, V=128, T=4, L=16, slots=8, B=4)
@@ -48,6 +49,10 @@ def launches(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int = 8,
           *replay(one), tuning=replay_tuning(V, 4), dot_precision=dot_precision, form="ut"),
       "replay_verify_vec_T1": replay_verify_launch(
           *replay(one), tuning=replay_tuning(V, 1), dot_precision=dot_precision, form="vec"),
+      **{f"replay_split_{part}_T{t}": launch
+         for t, x in ((T, win), (1, one))
+         for part, launch in zip(("coefficients", "stream"), split_launches(
+             *replay(x), tuning=replay_tuning(V, t, B=256), dot_precision=dot_precision))},
   }
 
 

@@ -11,7 +11,9 @@ and the window's records (d, k_hat, g, beta, raw k, raw v) go to ``phys(write_po
 ``ssm`` is only read, every other ring entry is left untouched, a row with slot -1 gets zero
 outputs and writes nothing. Grid (V // BV, HV, B).
 
-Two kernels:
+From `SPLIT_MIN_BATCH` rows the split form runs instead (`replay_split`: the window's
+coefficients once per (row, key head), then a pipelined checkpoint stream). Below, the two
+one-kernel forms here:
 
 - `_replay_verify_ut_kernel` (any T <= 16): the window as ``[TP, KC]`` chunks of ``[TP, K]``, ``TP =
   max(16, next_power_of_two(T))`` because ``tl.dot`` needs M, N, K >= 16 on the GPU. Rows past T are
@@ -53,48 +55,27 @@ import triton.language as tl
 from replayssm_jax.config import DOT_PRECISIONS, next_power_of_two
 from replayssm_jax.kernels import replay_verify as pallas_replay
 from replayssm_jax.kernels.backend import KernelTuning
-from replayssm_jax.kernels.triton import tile
+from replayssm_jax.kernels.triton import replay_split, tile
 from replayssm_jax.kernels.triton.launch import Launch, run
 from replayssm_jax.kernels.triton.recurrent import check_tuning
+from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT, WINDOW_PRECISION,
+                                                       history_weights, mma)
 
 RING_NAMES = pallas_replay.RING_NAMES
 MAX_DRAFT_TOKENS = 16
-FORMS = ("ut", "vec")
-MIN_DOT = 16  # tl.dot: M, N and K of at least 16 on the GPU
-# The window's own products (q_hat k_hat^T, k_hat k_hat^T, (I + A)^-1 R, ...) stay exact fp32: the
-# UT solve amplifies their error (research/replayssm-algorithm.md section 1.3).
-WINDOW_PRECISION = "ieee"
-# dot_precision -> the input_precision of the K and L contractions ("bf16" casts the operands).
-_INPUT_PRECISION = {"default": "tf32", "tf32": "tf32", "bf16": "bf16", "ieee": "ieee"}
+FORMS = ("ut", "vec", "split")
+# Rows from which the split form (`replay_split`: the coefficients once per (row, key head), then
+# a pipelined checkpoint stream) runs: a window (T >= 2), and decode (T = 1); below, the one-kernel
+# forms here.
+SPLIT_MIN_BATCH = {"window": 16, "decode": 64}
 
 
-def replay_form(T: int) -> str:
-  """The vector form for decode (T = 1), the UT form for a window (H200, run 5)."""
+def replay_form(T: int, B: int | None = None) -> str:
+  """The split form from `SPLIT_MIN_BATCH` rows (B None: below it); under it the vector form
+  for decode (T = 1) and the UT form for a window (H200, run 5)."""
+  if B is not None and B >= SPLIT_MIN_BATCH["decode" if T == 1 else "window"]:
+    return "split"
   return "vec" if T == 1 else "ut"
-
-
-@triton.jit
-def _mma(x, y, PRECISION: tl.constexpr):
-  """``x @ y`` with fp32 accumulation; PRECISION "tf32" / "ieee", or "bf16" operands."""
-  if PRECISION == "bf16":
-    return tl.dot(x.to(tl.bfloat16), y.to(tl.bfloat16), out_dtype=tl.float32)
-  else:
-    return tl.dot(x, y, input_precision=PRECISION, out_dtype=tl.float32)
-
-
-@triton.jit
-def _history_weights(g_ring, p, write_pos, cache_base, L: tl.constexpr):
-  """``(exp(G_m), w, valid)`` of a row's ring history from its gates ``g_ring`` at rows ``p``.
-
-  ``valid``: rows ``p < L`` logically before ``write_pos``; ``w_p = exp(sum of the g logically
-  after record p)`` summed through a ``[P, P]`` mask (any wraparound, no cancellation).
-  """
-  logical = (p - cache_base) & (L - 1)
-  valid = (p < L) & (logical < write_pos)
-  g_hist = tl.where(valid, g_ring, 0.0)
-  later = logical[None, :] > logical[:, None]  # [P, P]: record p' after record p
-  w = tl.where(valid, tile.exp(tl.sum(tl.where(later, g_hist[None, :], 0.0), axis=1)), 0.0)
-  return tile.exp(tl.sum(g_hist, axis=0)), w, valid
 
 
 @triton.jit
@@ -162,7 +143,7 @@ def _replay_verify_ut_kernel(
     key_head = (slot * H + kh) * L  # ring row 0 of its key head (ring_k, ring_rawk)
     p = tl.arange(0, LP)
     ring_rows = tl.minimum(p, L - 1)
-    decay_all, w, valid = _history_weights(
+    decay_all, w, valid = history_weights(
         tl.load(ring_g_in_ptr + value_head + ring_rows), p, write_pos, cache_base, L)
     d_hist = tl.load(ring_d_in_ptr + value_head * V + ring_rows[:, None] * V + v_cols[None, :],
                      mask=valid[:, None], other=0.0).to(tl.float32)  # [LP, BV]
@@ -187,12 +168,12 @@ def _replay_verify_ut_kernel(
       k_hist = tl.load(ring_k_in_ptr + key_head * K + history_keys + c)
       k_hist_t = tl.trans(tl.where(valid[:, None], k_hist.to(tl.float32), 0.0))  # [KC, LP]
       S0_t = tl.trans(tl.load(ssm_ptr + (slot * HV + h) * V * K + checkpoint + c))  # [KC, BV]
-      S_t = decay_all * S0_t + _mma(k_hist_t, weighted_d, PRECISION)
-      W_q += _mma(q_hat, S_t, PRECISION)
-      W_k += _mma(k_hat, S_t, PRECISION)
+      S_t = decay_all * S0_t + mma(k_hist_t, weighted_d, PRECISION)
+      W_q += mma(q_hat, S_t, PRECISION)
+      W_k += mma(k_hat, S_t, PRECISION)
       k_hat_t = tl.trans(k_hat)
-      qk += _mma(q_hat, k_hat_t, WINDOW_PRECISION)  # q_hat_s . k_hat_j
-      kk += _mma(k_hat, k_hat_t, WINDOW_PRECISION)
+      qk += mma(q_hat, k_hat_t, WINDOW_PRECISION)  # q_hat_s . k_hat_j
+      kk += mma(k_hat, k_hat_t, WINDOW_PRECISION)
       if key_writer:
         tl.store(ring_k_ptr + key_head * K + record_keys + c,
                  k_hat.to(ring_k_ptr.dtype.element_ty), mask=in_window[:, None])
@@ -216,8 +197,8 @@ def _replay_verify_ut_kernel(
       a_i = tl.sum(tl.where(s[:, None] == i, A, 0.0), axis=0)
       row_i = Tinv - tl.sum(a_i[:, None] * Tinv, axis=0)[None, :]
       Tinv = tl.where(s[:, None] == i, row_i, Tinv)
-    D = _mma(Tinv, R, WINDOW_PRECISION)
-    O = tile.exp(Gamma)[:, None] * W_q + _mma(decay * qk, D, WINDOW_PRECISION)
+    D = mma(Tinv, R, WINDOW_PRECISION)
+    O = tile.exp(Gamma)[:, None] * W_q + mma(decay * qk, D, WINDOW_PRECISION)
     tl.store(o_row + window_values, O.to(o_ptr.dtype.element_ty), mask=in_window[:, None])
 
     # The value records at the window's ring rows: d and raw v by every program, g and beta
@@ -268,7 +249,7 @@ def _replay_verify_vec_kernel(
     value_head = (slot * HV + h) * L  # ring row 0 of this value head
     key_head = (slot * H + kh) * L  # ring row 0 of its key head
     p = tl.arange(0, L)
-    decay_all, w, valid = _history_weights(
+    decay_all, w, valid = history_weights(
         tl.load(ring_g_in_ptr + value_head + p), p, write_pos, cache_base, L)
     d_hist = tl.load(ring_d_in_ptr + value_head * V + p[:, None] * V + v_cols[None, :],
                      mask=valid[:, None], other=0.0).to(tl.float32)  # [L, BV]
@@ -328,7 +309,7 @@ def replay_verify_launch(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring
   if form == "ut":
     constexprs = dict(T=T, TP=max(MIN_DOT, next_power_of_two(T)), L=L, LP=max(MIN_DOT, L), H=H,
                       HV=HV, K=K, V=V, BV=tuning.block_v, KC=kc,
-                      PRECISION=_INPUT_PRECISION[dot_precision],
+                      PRECISION=INPUT_PRECISION[dot_precision],
                       WINDOW_PRECISION=WINDOW_PRECISION)
   else:
     constexprs = dict(L=L, H=H, HV=HV, K=K, V=V, BV=tuning.block_v, KC=kc)
@@ -360,8 +341,8 @@ def _check_knobs(T: int, K: int, tuning: KernelTuning, dot_precision: str, form:
   if form == "vec" and T != 1:
     raise ValueError(f"form='vec' is the one-token (decode) form of the triton backend; T={T} "
                      "needs form='ut'.")
-  if form == "ut" and min(tuning.block_v, tuning.k_chunk, K) < MIN_DOT:
-    raise ValueError(f"the UT form's tl.dot needs block_v, k_chunk and K of at least {MIN_DOT}; "
+  if form in ("ut", "split") and min(tuning.block_v, tuning.k_chunk, K) < MIN_DOT:
+    raise ValueError(f"the {form} form's tl.dot needs block_v, k_chunk and K of at least {MIN_DOT}; "
                      f"got block_v={tuning.block_v}, k_chunk={tuning.k_chunk}, K={K}: try "
                      f"block_v={max(MIN_DOT, tuning.block_v)}, k_chunk={max(MIN_DOT, tuning.k_chunk)}.")
 
@@ -372,8 +353,9 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   """Verify outputs of a T-token window from checkpoint + ring; window records into the rings.
 
   Args and returns as `replayssm_jax.kernels.replay_verify.replay_verify` (no ``interpret``).
-  ``dot_precision`` ``"default"`` means tf32; ``form`` None picks `replay_form` of T, and
-  ``"vec"`` takes T = 1 only.
+  ``dot_precision`` ``"default"`` means tf32; ``form`` None picks `replay_form` of (T, B):
+  ``"split"`` (`replay_split`: the coefficients kernel, then the checkpoint stream, whose launch
+  ``tuning`` is), ``"ut"``, or ``"vec"``, T = 1 only.
 
   Raises:
     ValueError: a shape, dtype, ring length or knob is off.
@@ -383,6 +365,8 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   pallas_replay._check_inputs(*args)
   T, K = q.shape[1], q.shape[-1]
   check_tuning(tuning, v.shape[-1], K)
-  form = form or replay_form(T)
+  form = form or replay_form(T, q.shape[0])
   _check_knobs(T, K, tuning, dot_precision, form)
+  if form == "split":
+    return replay_split.replay_verify_split(*args, tuning=tuning, dot_precision=dot_precision)
   return _replay_verify_call(*args, tuning=tuning, dot_precision=dot_precision, form=form)

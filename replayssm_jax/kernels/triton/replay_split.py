@@ -1,0 +1,349 @@
+"""The split replay verify as native Triton kernels: the window's coefficients, then a stream.
+
+The Pallas split form's math (`replayssm_jax.kernels.replay_split`, whose docstring has it in
+full) in two launches:
+
+1. `_coefficients_kernel`, grid (H, B), one warp: per (row, key head) the normalised window,
+   its products with the key history (``X K_hist^T``, ``dot_precision``) and with itself
+   (``q_hat k_hat^T``, ``k_hat k_hat^T``, exact fp32), then for each of the key head's value
+   heads the gates, the UT inverse and the small matrices ``[Dh; Oh]`` (``[2, T, LP]``),
+   ``(P, Dy, M)`` (``[3, T, T]``) and ``eq`` (``[T]``) into fp32 scratch, ``Dy`` and ``eq``
+   already scaled by the inverse norms of the raw window (``Y`` below is of the raw q and k);
+   it writes the window's k_hat, raw k, g and beta records.
+2. `_stream_kernel`, grid (V // BV, HV, B): ``Y_q = q S0^T`` and ``Y_k = k S0^T`` over a loop
+   of K-chunks of the raw window and the checkpoint, which Triton software-pipelines
+   (``num_stages``), then
+
+       D = P v + Dy Y_k + Dh D_hist,    O = eq * Y_q + Oh D_hist + M D,
+
+   with the epilogue's loads (d history, v, the scratch) issued before the loop; it writes o
+   and the d and raw v records.
+
+Same contract as `replay_verify.replay_verify`: ``ssm`` only read, the window's records at
+``phys(write_pos + s)``, every other ring entry untouched, a padding row (slot -1) gets zero
+outputs and writes nothing (its scratch is never written nor read). Every ``tl.dot`` operand has
+at least 16 rows and columns (``TP = max(16, next_power_of_two(T))`` window rows, ``LP = max(16,
+L)`` history rows); window rows past T are loaded from token T - 1 and zeroed with
+``tl.where``, history rows by their logical index, as in `replay_verify`'s UT kernel, so no
+stale or NaN entry reaches a product.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import triton
+import triton.language as tl
+
+from replayssm_jax.config import next_power_of_two
+from replayssm_jax.kernels import replay_verify as pallas_replay
+from replayssm_jax.kernels.backend import KernelTuning
+from replayssm_jax.kernels.triton import tile
+from replayssm_jax.kernels.triton.launch import Launch, run
+from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT,
+                                                       WINDOW_PRECISION, history_weights, mma)
+
+# The coefficients kernel's launch: one warp (its tiles are [16, 16] and [16, KC]: more warps
+# would replicate them, as the Pallas kernel's measured, benchmarks/NOTES.md run 6), K-chunks
+# of 32.
+COEFFICIENT_TUNING = KernelTuning(block_v=16, num_warps=1, k_chunk=32, num_stages=1)
+
+
+@triton.jit
+def _window_rows(T: tl.constexpr, TP: tl.constexpr):
+  """``(s, in_window, src)``: the TP window rows, those below T, and the token each reads."""
+  s = tl.arange(0, TP)
+  return s, s < T, tl.minimum(s, T - 1)
+
+
+@triton.jit
+def _history_rows(write_pos, cache_base, L: tl.constexpr, LP: tl.constexpr):
+  """``(p, ring_rows, valid)``: the LP history rows, the ring row each reads (rows past L read
+  row L - 1), and which hold history (logically before ``write_pos``)."""
+  p = tl.arange(0, LP)
+  logical = (p - cache_base) & (L - 1)
+  return p, tl.minimum(p, L - 1), (p < L) & (logical < write_pos)
+
+
+@triton.jit
+def _coefficients_kernel(
+    # inputs
+    slot_ids_ptr, write_pos_ptr, cache_base_ptr,  # [B] int32
+    q_ptr, k_ptr,  # [B, T, H, K] activation
+    a_ptr, b_ptr,  # [B, T, HV] activation
+    A_log_ptr, dt_bias_ptr,  # [HV] f32
+    ring_k_in_ptr,  # [slots, H, L, K] ring dtype (the buffer of ring_k_ptr)
+    ring_g_in_ptr,  # [slots, HV, L] f32 (the buffer of ring_g_ptr)
+    ring_beta_in_ptr, ring_rawk_in_ptr,  # buffers of the outputs; not read
+    # outputs
+    zh_ptr,  # [B, HV, 2, T, LP] f32: Dh, Oh
+    zt_ptr,  # [B, HV, 3, T, T] f32: P, Dy (scaled by s_k), M
+    eq_ptr,  # [B, HV, T] f32: eq (scaled by s_q)
+    ring_k_ptr, ring_g_ptr, ring_beta_ptr, ring_rawk_ptr,
+    T: tl.constexpr, TP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, H: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, KC: tl.constexpr, PRECISION: tl.constexpr,
+    WINDOW_PRECISION: tl.constexpr,
+):
+  kh, row = tl.program_id(0), tl.program_id(1)
+  slot = tl.load(slot_ids_ptr + row).to(tl.int64)
+  if slot >= 0:  # padding rows: the stream reads none of this
+    write_pos, cache_base = tl.load(write_pos_ptr + row), tl.load(cache_base_ptr + row)
+    first = row.to(tl.int64) * T  # the row's first token in the batch
+    q_row, k_row = q_ptr + (first * H + kh) * K, k_ptr + (first * H + kh) * K
+    s, in_window, src = _window_rows(T, TP)
+    k_cols = tl.arange(0, KC)
+    window_keys = src[:, None] * (H * K) + k_cols[None, :]  # [TP, KC]: chunk 0
+    q_sq, k_sq = tl.zeros((TP,), tl.float32), tl.zeros((TP,), tl.float32)
+    for c in range(0, K, KC):  # pass 1: the norms
+      q = tl.load(q_row + window_keys + c).to(tl.float32)
+      k = tl.load(k_row + window_keys + c).to(tl.float32)
+      q_sq += tl.sum(q * q, axis=1)
+      k_sq += tl.sum(k * k, axis=1)
+    q_norm, k_norm = tl.sqrt_rn(q_sq + tile.L2_EPS), tl.sqrt_rn(k_sq + tile.L2_EPS)
+
+    key_head = (slot * H + kh) * L  # ring row 0 of the key head (ring_k, ring_rawk)
+    p, ring_rows, valid = _history_rows(write_pos, cache_base, L, LP)
+    history_keys = ring_rows[:, None] * K + k_cols[None, :]  # [LP, KC]
+    phys = (cache_base + write_pos + s) & (L - 1)  # the window's ring rows
+    record_keys = phys[:, None] * K + k_cols[None, :]  # [TP, KC]
+    # Pass 2: the products over K, chunk by chunk, and the window's key records.
+    XK_q, XK_k = tl.zeros((TP, LP), tl.float32), tl.zeros((TP, LP), tl.float32)
+    qk, kk = tl.zeros((TP, TP), tl.float32), tl.zeros((TP, TP), tl.float32)
+    for c in range(0, K, KC):
+      k_raw = tl.load(k_row + window_keys + c)
+      q = tl.load(q_row + window_keys + c).to(tl.float32)
+      q_hat = tl.where(in_window[:, None], tl.math.div_rn(q, q_norm[:, None]) * (K ** -0.5), 0.0)
+      k_hat = tl.where(in_window[:, None], tl.math.div_rn(k_raw.to(tl.float32), k_norm[:, None]),
+                       0.0)
+      k_hist = tl.load(ring_k_in_ptr + key_head * K + history_keys + c)  # whole, then selected
+      k_hist_t = tl.trans(tl.where(valid[:, None], k_hist.to(tl.float32), 0.0))  # [KC, LP]
+      XK_q += mma(q_hat, k_hist_t, PRECISION)
+      XK_k += mma(k_hat, k_hist_t, PRECISION)
+      k_hat_t = tl.trans(k_hat)
+      qk += mma(q_hat, k_hat_t, WINDOW_PRECISION)
+      kk += mma(k_hat, k_hat_t, WINDOW_PRECISION)
+      tl.store(ring_k_ptr + key_head * K + record_keys + c,
+               k_hat.to(ring_k_ptr.dtype.element_ty), mask=in_window[:, None])
+      tl.store(ring_rawk_ptr + key_head * K + record_keys + c, k_raw, mask=in_window[:, None])
+    # The raw window's rows to its normalised ones: Y = x S0^T is of the raw q and k.
+    one = tl.full((TP,), 1.0, tl.float32)
+    s_q = tl.where(in_window, tl.math.div_rn(one, q_norm) * (K ** -0.5), 0.0)
+    s_k = tl.where(in_window, tl.math.div_rn(one, k_norm), 0.0)
+
+    causal = s[:, None] >= s[None, :]
+    window_t = in_window[:, None] & in_window[None, :]
+    for i in tl.static_range(HV // H):  # the key head's value heads
+      h = kh * (HV // H) + i
+      value_head = (slot * HV + h) * L  # ring row 0 of the value head (ring_g, ring_beta)
+      decay_all, w, _ = history_weights(tl.load(ring_g_in_ptr + value_head + ring_rows), p,
+                                         write_pos, cache_base, L)
+      gates = first * HV + h + src * HV
+      g, beta = tile.gating(tl.load(a_ptr + gates), tl.load(b_ptr + gates),
+                            tl.load(A_log_ptr + h), tl.load(dt_bias_ptr + h))
+      g_win, beta_win = tl.where(in_window, g, 0.0), tl.where(in_window, beta, 0.0)
+      Gamma = tl.sum(tl.where(causal, g_win[None, :], 0.0), axis=1)
+      decay = tl.where(causal, tile.exp(tl.where(causal, Gamma[:, None] - Gamma[None, :], 0.0)),
+                       0.0)
+      A = tl.where(s[:, None] > s[None, :], beta_win[:, None] * decay * kk, 0.0)
+      Tinv = tl.where(s[:, None] == s[None, :], 1.0, 0.0)  # (I + A)^-1, forward substitution
+      for r in tl.static_range(1, T):
+        a_r = tl.sum(tl.where(s[:, None] == r, A, 0.0), axis=0)
+        row_r = Tinv - tl.sum(a_r[:, None] * Tinv, axis=0)[None, :]
+        Tinv = tl.where(s[:, None] == r, row_r, Tinv)
+      exp_gamma = tile.exp(Gamma)
+      E = Tinv * (beta_win * exp_gamma)[None, :]
+      Dh = -mma(E, XK_k * w[None, :], WINDOW_PRECISION)  # [TP, LP]
+      Oh = exp_gamma[:, None] * (XK_q * w[None, :])
+
+      out = (row.to(tl.int64) * HV + h)  # the (row, value head)'s scratch
+      rows_h = s[:, None] * LP + p[None, :]  # [TP, LP] of a [T, LP] matrix
+      tl.store(zh_ptr + out * 2 * T * LP + rows_h, Dh, mask=in_window[:, None])
+      tl.store(zh_ptr + (out * 2 + 1) * T * LP + rows_h, Oh, mask=in_window[:, None])
+      rows_t = s[:, None] * T + s[None, :]  # [TP, TP] of a [T, T] matrix
+      tl.store(zt_ptr + out * 3 * T * T + rows_t, Tinv * beta_win[None, :], mask=window_t)
+      tl.store(zt_ptr + (out * 3 + 1) * T * T + rows_t, -decay_all * E * s_k[None, :],
+               mask=window_t)
+      tl.store(zt_ptr + (out * 3 + 2) * T * T + rows_t, decay * qk, mask=window_t)
+      tl.store(eq_ptr + out * T + s, decay_all * exp_gamma * s_q, mask=in_window)
+      tl.store(ring_g_ptr + value_head + phys, g, mask=in_window)
+      tl.store(ring_beta_ptr + value_head + phys, beta, mask=in_window)
+
+
+@triton.jit
+def _load_window_matrix(ptr, src, in_window, COLS: tl.constexpr, cols):
+  """``[TP, len(cols)]`` of a ``[T, COLS]`` fp32 matrix at ``ptr``: rows past T zero (read
+  from row T - 1, never out of bounds)."""
+  return tl.where(in_window[:, None], tl.load(ptr + src[:, None] * COLS + cols[None, :]), 0.0)
+
+
+@triton.jit
+def _load_window_square(ptr, src, in_window, T: tl.constexpr):
+  """``[TP, TP]`` of a ``[T, T]`` fp32 matrix at ``ptr``, zero past T in both axes."""
+  square = in_window[:, None] & in_window[None, :]
+  return tl.where(square, tl.load(ptr + src[:, None] * T + src[None, :]), 0.0)
+
+
+@triton.jit
+def _stream_kernel(
+    # inputs
+    slot_ids_ptr, write_pos_ptr, cache_base_ptr,  # [B] int32
+    q_ptr, k_ptr,  # [B, T, H, K] activation: the raw window, X
+    v_ptr,  # [B, T, HV, V] activation
+    ssm_ptr,  # [slots, HV, V, K] f32, read only
+    zh_ptr, zt_ptr, eq_ptr,  # the coefficients kernel's scratch
+    ring_d_in_ptr,  # [slots, HV, L, V] ring dtype (the buffer of ring_d_ptr)
+    ring_rawv_in_ptr,  # the buffer of ring_rawv_ptr; not read
+    # outputs
+    o_ptr,  # [B, T, HV, V] activation
+    ring_d_ptr,  # [slots, HV, L, V] ring dtype
+    ring_rawv_ptr,  # [slots, HV, L, V] activation
+    T: tl.constexpr, TP: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    KC: tl.constexpr, PRECISION: tl.constexpr, WINDOW_PRECISION: tl.constexpr,
+):
+  """``X = [q; k]`` stacked in ``XP`` rows (q's tokens from row 0, k's from row XP / 2) makes
+  one dot a K-chunk, ``Y = X S0^T``; the epilogue reads ``Y_q`` and ``Y_k`` through the
+  columns of its coefficients (``eq`` as a diagonal over the q rows, ``Dy`` over the k rows)
+  rather than by slicing rows out of Y, which Triton cannot."""
+  j, h, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+  slot = tl.load(slot_ids_ptr + row).to(tl.int64)
+  kh = h // (HV // H)
+  first = row.to(tl.int64) * T
+  o_row, v_row = o_ptr + (first * HV + h) * V, v_ptr + (first * HV + h) * V
+  s, in_window, src = _window_rows(T, TP)
+  v_cols = j * BV + tl.arange(0, BV)
+  window_values = src[:, None] * (HV * V) + v_cols[None, :]  # [TP, BV]
+  if slot < 0:
+    tl.store(o_row + window_values, tl.zeros((TP, BV), o_ptr.dtype.element_ty),
+             mask=in_window[:, None])
+  else:
+    write_pos, cache_base = tl.load(write_pos_ptr + row), tl.load(cache_base_ptr + row)
+    # The epilogue's loads, ahead of the loop's: their latency hides under the K-loop.
+    value_head = (slot * HV + h) * L
+    p, ring_rows, valid = _history_rows(write_pos, cache_base, L, LP)
+    d_hist = tl.load(ring_d_in_ptr + value_head * V + ring_rows[:, None] * V + v_cols[None, :],
+                     mask=valid[:, None], other=0.0).to(tl.float32)  # [LP, BV]
+    v_raw = tl.load(v_row + window_values)
+    out = row.to(tl.int64) * HV + h
+    Dh = _load_window_matrix(zh_ptr + out * 2 * T * LP, src, in_window, LP, p)
+    Oh = _load_window_matrix(zh_ptr + (out * 2 + 1) * T * LP, src, in_window, LP, p)
+    P = _load_window_square(zt_ptr + out * 3 * T * T, src, in_window, T)
+    M = _load_window_square(zt_ptr + (out * 3 + 2) * T * T, src, in_window, T)
+    x_rows = tl.arange(0, XP)  # X's rows: q's tokens, then from XP / 2 k's
+    x_tok = tl.where(x_rows < XP // 2, x_rows, x_rows - XP // 2)
+    x_src, x_in = tl.minimum(x_tok, T - 1), x_tok < T
+    k_rows = (x_rows >= XP // 2) & x_in  # [XP]: Y's rows of k
+    eq = tl.load(eq_ptr + out * T + src)
+    Eq = tl.where(in_window[:, None] & (x_rows[None, :] == s[:, None]), eq[:, None], 0.0)
+    Dy = tl.where(in_window[:, None] & k_rows[None, :],  # [TP, XP]: Dy at the k rows
+                  tl.load(zt_ptr + (out * 3 + 1) * T * T + src[:, None] * T + x_src[None, :]),
+                  0.0)
+
+    k_cols = tl.arange(0, KC)
+    q_row, k_row = q_ptr + (first * H + kh) * K, k_ptr + (first * H + kh) * K
+    x_ptrs = (tl.where(x_rows < XP // 2, q_row, k_row)[:, None] + x_src[:, None] * (H * K)
+              + k_cols[None, :])  # [XP, KC]: chunk 0
+    checkpoint = ssm_ptr + (slot * HV + h) * V * K + v_cols[:, None] * K + k_cols[None, :]
+    Y = tl.zeros((XP, BV), tl.float32)
+    for c in range(0, K, KC):  # Y = X S0^T, chunk by chunk of K
+      x = tl.where(x_in[:, None], tl.load(x_ptrs + c).to(tl.float32), 0.0)
+      Y += mma(x, tl.trans(tl.load(checkpoint + c)), PRECISION)
+
+    v = tl.where(in_window[:, None], v_raw.to(tl.float32), 0.0)
+    D = (mma(P, v, WINDOW_PRECISION) + mma(Dy, Y, WINDOW_PRECISION)
+         + mma(Dh, d_hist, PRECISION))
+    O = mma(Eq, Y, WINDOW_PRECISION) + mma(Oh, d_hist, PRECISION) + mma(M, D, WINDOW_PRECISION)
+    tl.store(o_row + window_values, O.to(o_ptr.dtype.element_ty), mask=in_window[:, None])
+    phys = (cache_base + write_pos + s) & (L - 1)
+    records = value_head * V + phys[:, None] * V + v_cols[None, :]
+    tl.store(ring_d_ptr + records, D.to(ring_d_ptr.dtype.element_ty), mask=in_window[:, None])
+    tl.store(ring_rawv_ptr + records, v_raw, mask=in_window[:, None])
+
+
+def _scratch(B: int, T: int, HV: int, LP: int) -> dict[str, jax.ShapeDtypeStruct]:
+  f32 = jnp.float32
+  return dict(zh=jax.ShapeDtypeStruct((B, HV, 2, T, LP), f32),
+              zt=jax.ShapeDtypeStruct((B, HV, 3, T, T), f32),
+              eq=jax.ShapeDtypeStruct((B, HV, T), f32))
+
+
+def _dims(q, v, L: int, dot_precision: str) -> dict:
+  """The constexprs both kernels share."""
+  T, H, K = q.shape[1:]
+  HV = v.shape[2]
+  return dict(T=T, TP=max(MIN_DOT, next_power_of_two(T)), L=L, LP=max(MIN_DOT, L), H=H, HV=HV,
+              K=K, PRECISION=INPUT_PRECISION[dot_precision], WINDOW_PRECISION=WINDOW_PRECISION)
+
+
+def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log, dt_bias,
+                        slot_ids, write_pos, cache_base, *, dot_precision: str) -> Launch:
+  """The coefficients kernel's launch: outputs ``(zh, zt, eq, ring_k, ring_g, ring_beta,
+  ring_rawk)``, the rings in place."""
+  dims = _dims(q, v, ring_g.shape[-1], dot_precision)
+  B, T = q.shape[:2]
+  kc = min(COEFFICIENT_TUNING.k_chunk, dims["K"])
+  return Launch(
+      kernel=_coefficients_kernel,
+      name=f"triton_replay_coefficients_T{T}_kc{kc}_{dot_precision}",
+      grid=(dims["H"], B),
+      inputs=dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, a=a,
+                  b=b, A_log=A_log, dt_bias=dt_bias, ring_k=ring_k, ring_g=ring_g,
+                  ring_beta=ring_beta, ring_rawk=ring_rawk),
+      outputs=dict(**_scratch(B, T, dims["HV"], dims["LP"]), ring_k="ring_k", ring_g="ring_g",
+                   ring_beta="ring_beta", ring_rawk="ring_rawk"),
+      constexprs=dict(dims, KC=kc),
+      num_warps=COEFFICIENT_TUNING.num_warps, num_stages=COEFFICIENT_TUNING.num_stages)
+
+
+def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_pos, cache_base,
+                  *, L: int, tuning: KernelTuning, dot_precision: str) -> Launch:
+  """The stream kernel's launch: outputs ``(o, ring_d, ring_rawv)``, the rings in place."""
+  dims = _dims(q, v, L, dot_precision)
+  B, T = q.shape[:2]
+  V = v.shape[3]
+  kc = min(tuning.k_chunk, dims["K"])
+  return Launch(
+      kernel=_stream_kernel,
+      name=(f"triton_replay_stream_T{T}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
+            f"_s{tuning.num_stages}_{dot_precision}"),
+      grid=(V // tuning.block_v, dims["HV"], B),
+      inputs=dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, v=v,
+                  ssm=ssm, zh=zh, zt=zt, eq=eq, ring_d=ring_d, ring_rawv=ring_rawv),
+      outputs=dict(o=jax.ShapeDtypeStruct(v.shape, v.dtype), ring_d="ring_d",
+                   ring_rawv="ring_rawv"),
+      constexprs=dict(dims, XP=max(MIN_DOT, 2 * next_power_of_two(T)), V=V, BV=tuning.block_v,
+                      KC=kc),
+      num_warps=tuning.num_warps, num_stages=tuning.num_stages)
+
+
+def split_launches(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv, q, k, v, a, b,
+                   A_log, dt_bias, slot_ids, write_pos, cache_base, *, tuning: KernelTuning,
+                   dot_precision: str) -> tuple[Launch, Launch]:
+  """Both launches from shapes (`compile_check`): the coefficients', then the stream's on
+  scratch of the shapes the first writes."""
+  coefficients = coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log,
+                                     dt_bias, slot_ids, write_pos, cache_base,
+                                     dot_precision=dot_precision)
+  zh, zt, eq = coefficients.out_shapes()[:3]
+  return coefficients, stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids,
+                                     write_pos, cache_base, L=ring_g.shape[-1], tuning=tuning,
+                                     dot_precision=dot_precision)
+
+
+@functools.partial(jax.jit, static_argnames=("tuning", "dot_precision"))
+def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                        q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
+                        tuning: KernelTuning, dot_precision: str):
+  """The coefficients, then the stream: ``(o, ring_d, ring_k, ring_g, ring_beta, ring_rawk,
+  ring_rawv)``. ``tuning`` is the stream's. Inputs are checked by the caller."""
+  zh, zt, eq, ring_k, ring_g, ring_beta, ring_rawk = run(coefficients_launch(
+      ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos,
+      cache_base, dot_precision=dot_precision))
+  o, ring_d, ring_rawv = run(stream_launch(
+      ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_pos, cache_base,
+      L=ring_g.shape[-1], tuning=tuning, dot_precision=dot_precision))
+  rings = dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, ring_beta=ring_beta,
+               ring_rawk=ring_rawk, ring_rawv=ring_rawv)
+  return o, *(rings[name] for name in pallas_replay.RING_NAMES)
