@@ -57,8 +57,10 @@ def state_tuning(V: int) -> KernelTuning:
 def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
   """Launch parameters of the triton replay verify in its form for (T, B) (`replay_form`).
 
-  The split form's stream: the Pallas stream's launch, ``[128, K]`` tiles over 4 warps in
-  K-chunks of 64 through 2 pipeline stages. The one-kernel forms, H200, 2026-11-30, B=256,
+  The split form's stream: ``[64, K]`` tiles over 2 warps in K-chunks of 64 through 2
+  pipeline stages, the fastest of seven launches at B=256 and 64 (H200, benchmarks/NOTES.md run
+  29: 203.5 and 60.1 us; the Pallas stream's (128, 4, 64, 2) 207.2 and 60.8, (128, 8, 64, 2)
+  263.7 and 72.4). The one-kernel forms, H200, 2026-11-30, B=256,
   write_pos 8 (benchmarks/NOTES.md run 5): ``[128, K]`` tiles over 4 warps in K-chunks of 32
   were the fastest of the launches tried for both: UT at T=4 502 us (721 us at (64, 2)), the
   vector form at T=1 222 us (278 us at (64, 4)).
@@ -66,5 +68,5 @@ def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
   from replayssm_jax.kernels.triton.replay_verify import replay_form  # needs triton
 
   if replay_form(T, B) == "split":
-    return KernelTuning(block_v=min(128, V), num_warps=4, k_chunk=64, num_stages=2)
+    return KernelTuning(block_v=min(64, V), num_warps=2, k_chunk=64, num_stages=2)
   return KernelTuning(block_v=min(128, V), num_warps=4, k_chunk=32)

@@ -45,10 +45,12 @@ from replayssm_jax.kernels.triton.launch import Launch, run
 from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT,
                                                        WINDOW_PRECISION, history_weights, mma)
 
-# The coefficients kernel's launch: one warp (its tiles are [16, 16] and [16, KC]: more warps
-# would replicate them, as the Pallas kernel's measured, benchmarks/NOTES.md run 6), K-chunks
-# of 32.
-COEFFICIENT_TUNING = KernelTuning(block_v=16, num_warps=1, k_chunk=32, num_stages=1)
+# The coefficients kernel's warps: one (its tiles are the window's few rows: more warps would
+# replicate them, as the Pallas kernel's measured, benchmarks/NOTES.md run 6).
+COEFFICIENT_WARPS = 1
+# Elements of its largest written-out product, [TQ, LP, KC], which set its K-chunk: 64 fp32
+# registers a thread at one warp.
+INLINE_PRODUCT = 2048
 
 
 @triton.jit
@@ -68,6 +70,13 @@ def _history_rows(write_pos, cache_base, L: tl.constexpr, LP: tl.constexpr):
 
 
 @triton.jit
+def _inline_nt(x, y):
+  """``x @ y^T`` over the last axes, written out as a multiply and a sum (exact fp32): the
+  window's products are too small for a tensor-core tile (16 rows) to pay."""
+  return tl.sum(x[:, None, :] * y[None, :, :], axis=2)
+
+
+@triton.jit
 def _coefficients_kernel(
     # inputs
     slot_ids_ptr, write_pos_ptr, cache_base_ptr,  # [B] int32
@@ -82,20 +91,22 @@ def _coefficients_kernel(
     zt_ptr,  # [B, HV, 3, T, T] f32: P, Dy (scaled by s_k), M
     eq_ptr,  # [B, HV, T] f32: eq (scaled by s_q)
     ring_k_ptr, ring_g_ptr, ring_beta_ptr, ring_rawk_ptr,
-    T: tl.constexpr, TP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, H: tl.constexpr,
-    HV: tl.constexpr, K: tl.constexpr, KC: tl.constexpr, PRECISION: tl.constexpr,
-    WINDOW_PRECISION: tl.constexpr,
+    T: tl.constexpr, TQ: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, H: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, KC: tl.constexpr,
 ):
+  """The window in ``TQ = next_power_of_two(T)`` rows, every product written out in exact
+  fp32 (`_inline_nt`), K-chunks small enough that a ``[TQ, LP, KC]`` product stays in
+  registers."""
   kh, row = tl.program_id(0), tl.program_id(1)
   slot = tl.load(slot_ids_ptr + row).to(tl.int64)
   if slot >= 0:  # padding rows: the stream reads none of this
     write_pos, cache_base = tl.load(write_pos_ptr + row), tl.load(cache_base_ptr + row)
     first = row.to(tl.int64) * T  # the row's first token in the batch
     q_row, k_row = q_ptr + (first * H + kh) * K, k_ptr + (first * H + kh) * K
-    s, in_window, src = _window_rows(T, TP)
+    s, in_window, src = _window_rows(T, TQ)
     k_cols = tl.arange(0, KC)
-    window_keys = src[:, None] * (H * K) + k_cols[None, :]  # [TP, KC]: chunk 0
-    q_sq, k_sq = tl.zeros((TP,), tl.float32), tl.zeros((TP,), tl.float32)
+    window_keys = src[:, None] * (H * K) + k_cols[None, :]  # [TQ, KC]: chunk 0
+    q_sq, k_sq = tl.zeros((TQ,), tl.float32), tl.zeros((TQ,), tl.float32)
     for c in range(0, K, KC):  # pass 1: the norms
       q = tl.load(q_row + window_keys + c).to(tl.float32)
       k = tl.load(k_row + window_keys + c).to(tl.float32)
@@ -107,10 +118,10 @@ def _coefficients_kernel(
     p, ring_rows, valid = _history_rows(write_pos, cache_base, L, LP)
     history_keys = ring_rows[:, None] * K + k_cols[None, :]  # [LP, KC]
     phys = (cache_base + write_pos + s) & (L - 1)  # the window's ring rows
-    record_keys = phys[:, None] * K + k_cols[None, :]  # [TP, KC]
+    record_keys = phys[:, None] * K + k_cols[None, :]  # [TQ, KC]
     # Pass 2: the products over K, chunk by chunk, and the window's key records.
-    XK_q, XK_k = tl.zeros((TP, LP), tl.float32), tl.zeros((TP, LP), tl.float32)
-    qk, kk = tl.zeros((TP, TP), tl.float32), tl.zeros((TP, TP), tl.float32)
+    XK_q, XK_k = tl.zeros((TQ, LP), tl.float32), tl.zeros((TQ, LP), tl.float32)
+    qk, kk = tl.zeros((TQ, TQ), tl.float32), tl.zeros((TQ, TQ), tl.float32)
     for c in range(0, K, KC):
       k_raw = tl.load(k_row + window_keys + c)
       q = tl.load(q_row + window_keys + c).to(tl.float32)
@@ -118,17 +129,16 @@ def _coefficients_kernel(
       k_hat = tl.where(in_window[:, None], tl.math.div_rn(k_raw.to(tl.float32), k_norm[:, None]),
                        0.0)
       k_hist = tl.load(ring_k_in_ptr + key_head * K + history_keys + c)  # whole, then selected
-      k_hist_t = tl.trans(tl.where(valid[:, None], k_hist.to(tl.float32), 0.0))  # [KC, LP]
-      XK_q += mma(q_hat, k_hist_t, PRECISION)
-      XK_k += mma(k_hat, k_hist_t, PRECISION)
-      k_hat_t = tl.trans(k_hat)
-      qk += mma(q_hat, k_hat_t, WINDOW_PRECISION)
-      kk += mma(k_hat, k_hat_t, WINDOW_PRECISION)
+      k_hist = tl.where(valid[:, None], k_hist.to(tl.float32), 0.0)  # [LP, KC]
+      XK_q += _inline_nt(q_hat, k_hist)
+      XK_k += _inline_nt(k_hat, k_hist)
+      qk += _inline_nt(q_hat, k_hat)
+      kk += _inline_nt(k_hat, k_hat)
       tl.store(ring_k_ptr + key_head * K + record_keys + c,
                k_hat.to(ring_k_ptr.dtype.element_ty), mask=in_window[:, None])
       tl.store(ring_rawk_ptr + key_head * K + record_keys + c, k_raw, mask=in_window[:, None])
     # The raw window's rows to its normalised ones: Y = x S0^T is of the raw q and k.
-    one = tl.full((TP,), 1.0, tl.float32)
+    one = tl.full((TQ,), 1.0, tl.float32)
     s_q = tl.where(in_window, tl.math.div_rn(one, q_norm) * (K ** -0.5), 0.0)
     s_k = tl.where(in_window, tl.math.div_rn(one, k_norm), 0.0)
 
@@ -138,7 +148,7 @@ def _coefficients_kernel(
       h = kh * (HV // H) + i
       value_head = (slot * HV + h) * L  # ring row 0 of the value head (ring_g, ring_beta)
       decay_all, w, _ = history_weights(tl.load(ring_g_in_ptr + value_head + ring_rows), p,
-                                         write_pos, cache_base, L)
+                                        write_pos, cache_base, L)
       gates = first * HV + h + src * HV
       g, beta = tile.gating(tl.load(a_ptr + gates), tl.load(b_ptr + gates),
                             tl.load(A_log_ptr + h), tl.load(dt_bias_ptr + h))
@@ -154,14 +164,14 @@ def _coefficients_kernel(
         Tinv = tl.where(s[:, None] == r, row_r, Tinv)
       exp_gamma = tile.exp(Gamma)
       E = Tinv * (beta_win * exp_gamma)[None, :]
-      Dh = -mma(E, XK_k * w[None, :], WINDOW_PRECISION)  # [TP, LP]
+      Dh = -tl.sum(E[:, :, None] * (XK_k * w[None, :])[None, :, :], axis=1)  # [TQ, LP]
       Oh = exp_gamma[:, None] * (XK_q * w[None, :])
 
       out = (row.to(tl.int64) * HV + h)  # the (row, value head)'s scratch
-      rows_h = s[:, None] * LP + p[None, :]  # [TP, LP] of a [T, LP] matrix
+      rows_h = s[:, None] * LP + p[None, :]  # [TQ, LP] of a [T, LP] matrix
       tl.store(zh_ptr + out * 2 * T * LP + rows_h, Dh, mask=in_window[:, None])
       tl.store(zh_ptr + (out * 2 + 1) * T * LP + rows_h, Oh, mask=in_window[:, None])
-      rows_t = s[:, None] * T + s[None, :]  # [TP, TP] of a [T, T] matrix
+      rows_t = s[:, None] * T + s[None, :]  # [TQ, TQ] of a [T, T] matrix
       tl.store(zt_ptr + out * 3 * T * T + rows_t, Tinv * beta_win[None, :], mask=window_t)
       tl.store(zt_ptr + (out * 3 + 1) * T * T + rows_t, -decay_all * E * s_k[None, :],
                mask=window_t)
@@ -283,18 +293,21 @@ def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_l
   ring_rawk)``, the rings in place."""
   dims = _dims(q, v, ring_g.shape[-1], dot_precision)
   B, T = q.shape[:2]
-  kc = min(COEFFICIENT_TUNING.k_chunk, dims["K"])
+  TQ = next_power_of_two(T)
+  # K-chunks of at most INLINE_PRODUCT elements of a [TQ, LP, KC] product.
+  kc = min(dims["K"], max(1, INLINE_PRODUCT // (TQ * dims["LP"])))
   return Launch(
       kernel=_coefficients_kernel,
-      name=f"triton_replay_coefficients_T{T}_kc{kc}_{dot_precision}",
+      name=f"triton_replay_coefficients_T{T}_kc{kc}",
       grid=(dims["H"], B),
       inputs=dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, a=a,
                   b=b, A_log=A_log, dt_bias=dt_bias, ring_k=ring_k, ring_g=ring_g,
                   ring_beta=ring_beta, ring_rawk=ring_rawk),
       outputs=dict(**_scratch(B, T, dims["HV"], dims["LP"]), ring_k="ring_k", ring_g="ring_g",
                    ring_beta="ring_beta", ring_rawk="ring_rawk"),
-      constexprs=dict(dims, KC=kc),
-      num_warps=COEFFICIENT_TUNING.num_warps, num_stages=COEFFICIENT_TUNING.num_stages)
+      constexprs=dict(T=T, TQ=TQ, L=dims["L"], LP=dims["LP"], H=dims["H"], HV=dims["HV"],
+                      K=dims["K"], KC=kc),
+      num_warps=COEFFICIENT_WARPS, num_stages=1)
 
 
 def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_pos, cache_base,

@@ -65,15 +65,18 @@ RING_NAMES = pallas_replay.RING_NAMES
 MAX_DRAFT_TOKENS = 16
 FORMS = ("ut", "vec", "split")
 # Rows from which the split form (`replay_split`: the coefficients once per (row, key head), then
-# a pipelined checkpoint stream) runs: a window (T >= 2), and decode (T = 1); below, the one-kernel
-# forms here.
-SPLIT_MIN_BATCH = {"window": 16, "decode": 64}
+# a pipelined checkpoint stream) runs: a window (T >= 2), and decode (T = 1; None: never); below,
+# the one-kernel forms here. H200 (benchmarks/NOTES.md run 29): a window at B=256 / 64 in 295.8
+# / 89.1 us against the UT form's 501.2 / 139.0, decode in 285.1 / 85.2 against the vector
+# form's 220.6 / 66.4 (with a first coefficients kernel of 87-92 us at B=256).
+SPLIT_MIN_BATCH = {"window": 16, "decode": None}
 
 
 def replay_form(T: int, B: int | None = None) -> str:
   """The split form from `SPLIT_MIN_BATCH` rows (B None: below it); under it the vector form
   for decode (T = 1) and the UT form for a window (H200, run 5)."""
-  if B is not None and B >= SPLIT_MIN_BATCH["decode" if T == 1 else "window"]:
+  least = SPLIT_MIN_BATCH["decode" if T == 1 else "window"]
+  if B is not None and least is not None and B >= least:
     return "split"
   return "vec" if T == 1 else "ut"
 
