@@ -195,6 +195,11 @@ def test_replay_form_and_knobs():
   c = replay_tests.Case(2, 2, 16, 1, 2, 16, 16, 16)
   inp = replay_tests.make_inputs(c)
   assert replay_form(1) == "vec" and replay_form(4) == "ut"
+  assert replay_form(4, 16) == "split" and replay_form(4, 15) == "ut"
+  assert replay_form(1, 512) == "vec"  # decode keeps the vector form (NOTES run 29)
+  with pytest.raises(ValueError, match="the split form's tl.dot needs block_v"):
+    triton_kernels.replay_verify(**inp, tuning=KernelTuning(block_v=8), dot_precision="ieee",
+                                 form="split")
   with pytest.raises(ValueError, match="one-token \\(decode\\) form"):
     triton_kernels.replay_verify(**inp, tuning=KernelTuning(block_v=16), dot_precision="ieee",
                                  form="vec")

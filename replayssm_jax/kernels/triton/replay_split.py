@@ -48,9 +48,13 @@ from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT,
 # The coefficients kernel's warps: one (its tiles are the window's few rows: more warps would
 # replicate them, as the Pallas kernel's measured, benchmarks/NOTES.md run 6).
 COEFFICIENT_WARPS = 1
-# Elements of its largest written-out product, [TQ, LP, KC], which set its K-chunk: 64 fp32
-# registers a thread at one warp.
-INLINE_PRODUCT = 2048
+# Elements of its largest written-out product, [TQ, LP, KC], which set its K-chunk. Each K-chunk
+# is a round trip of loads in series (a one-warp program has nothing to hide them under), so
+# fewer, larger chunks win while they fit in registers. H200, T=4 (benchmarks/NOTES.md run 29):
+# 2048 (KC=32, 105 registers) 95.2 us at B=256, 26.2 at B=16; 4096 (KC=64, 128 registers)
+# 52.9 and 13.8 us; pipeline stages changed nothing. 8192 (KC=128) compiles to 168 registers,
+# not timed.
+INLINE_PRODUCT = 4096
 
 
 @triton.jit

@@ -66,9 +66,10 @@ MAX_DRAFT_TOKENS = 16
 FORMS = ("ut", "vec", "split")
 # Rows from which the split form (`replay_split`: the coefficients once per (row, key head), then
 # a pipelined checkpoint stream) runs: a window (T >= 2), and decode (T = 1; None: never); below,
-# the one-kernel forms here. H200 (benchmarks/NOTES.md run 29): a window at B=256 / 64 in 295.8
-# / 89.1 us against the UT form's 501.2 / 139.0, decode in 285.1 / 85.2 against the vector
-# form's 220.6 / 66.4 (with a first coefficients kernel of 87-92 us at B=256).
+# the one-kernel forms here. H200, 10 reps (benchmarks/NOTES.md run 29): a window at B=256 / 16
+# in 257.7 / 37.0 us against the UT form's 501.2 / 46.0 (B=64 split 89.1 and B=32 63.8, with a
+# coefficients kernel twice as slow as today's, against 139.0 and 75.3); decode at B=256 / 32 /
+# 16 in 216.9 / 43.2 / 29.8 against the vector form's 220.6 / 39.6 / 25.1: even at best.
 SPLIT_MIN_BATCH = {"window": 16, "decode": None}
 
 
