@@ -38,3 +38,50 @@ def history_weights(g_ring, p, write_pos, cache_base, L: tl.constexpr):
   later = logical[None, :] > logical[:, None]  # [P, P]: record p' after record p
   w = tl.where(valid, tile.exp(tl.sum(tl.where(later, g_hist[None, :], 0.0), axis=1)), 0.0)
   return tile.exp(tl.sum(g_hist, axis=0)), w, valid
+
+
+@triton.jit
+def window_norms(q_row, k_row, window_keys, K: tl.constexpr, KC: tl.constexpr, TP: tl.constexpr):
+  """``(q_norm, k_norm)`` ``[TP]`` of the window's rows (``window_keys``: the ``[TP, KC]``
+  offsets of chunk 0 from ``q_row`` / ``k_row``), summed chunk by chunk over K."""
+  q_sq, k_sq = tl.zeros((TP,), tl.float32), tl.zeros((TP,), tl.float32)
+  for c in range(0, K, KC):
+    q = tl.load(q_row + window_keys + c).to(tl.float32)
+    k = tl.load(k_row + window_keys + c).to(tl.float32)
+    q_sq += tl.sum(q * q, axis=1)
+    k_sq += tl.sum(k * k, axis=1)
+  return tl.sqrt_rn(q_sq + tile.L2_EPS), tl.sqrt_rn(k_sq + tile.L2_EPS)
+
+
+@triton.jit
+def window_chunk(q_row, k_row, offsets, in_window, q_norm, k_norm, K: tl.constexpr):
+  """``(k_raw, q_hat, k_hat)`` of one K-chunk of the window at ``offsets``: raw k as stored,
+  q_hat (scaled by ``K ** -0.5``) and k_hat in fp32, zero past T."""
+  k_raw = tl.load(k_row + offsets)
+  q = tl.load(q_row + offsets).to(tl.float32)
+  q_hat = tl.where(in_window[:, None], tl.math.div_rn(q, q_norm[:, None]) * (K ** -0.5), 0.0)
+  k_hat = tl.where(in_window[:, None], tl.math.div_rn(k_raw.to(tl.float32), k_norm[:, None]), 0.0)
+  return k_raw, q_hat, k_hat
+
+
+@triton.jit
+def window_decay(g_win, beta_win, kk, s):
+  """``(Gamma, decay, A)`` of the window's UT transform from its gates (zero past T), its
+  ``kk = k_hat k_hat^T`` and its rows ``s``: ``Gamma_s = g_0 + ... + g_s``, ``decay[s, j] =
+  exp(Gamma_s - Gamma_j)`` (j <= s), ``A[s, j] = beta_s decay[s, j] kk[s, j]`` (j < s)."""
+  causal = s[:, None] >= s[None, :]
+  Gamma = tl.sum(tl.where(causal, g_win[None, :], 0.0), axis=1)
+  decay = tl.where(causal, tile.exp(tl.where(causal, Gamma[:, None] - Gamma[None, :], 0.0)), 0.0)
+  return Gamma, decay, tl.where(s[:, None] > s[None, :], beta_win[:, None] * decay * kk, 0.0)
+
+
+@triton.jit
+def unit_lower_inverse(A, s, T: tl.constexpr):
+  """``(I + A)^-1`` of a strictly lower ``A`` over rows ``s``, by forward substitution: row i =
+  e_i - A[i, :] @ Tinv (rows < i final)."""
+  Tinv = tl.where(s[:, None] == s[None, :], 1.0, 0.0)
+  for i in tl.static_range(1, T):
+    a_i = tl.sum(tl.where(s[:, None] == i, A, 0.0), axis=0)
+    row_i = Tinv - tl.sum(a_i[:, None] * Tinv, axis=0)[None, :]
+    Tinv = tl.where(s[:, None] == i, row_i, Tinv)
+  return Tinv

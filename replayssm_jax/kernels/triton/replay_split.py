@@ -43,7 +43,9 @@ from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.triton import tile
 from replayssm_jax.kernels.triton.launch import Launch, run
 from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT,
-                                                       WINDOW_PRECISION, history_weights, mma)
+                                                       WINDOW_PRECISION, history_weights, mma,
+                                                       unit_lower_inverse, window_chunk,
+                                                       window_decay, window_norms)
 
 # The coefficients kernel's warps: one (its tiles are the window's few rows: more warps would
 # replicate them, as the Pallas kernel's measured, benchmarks/NOTES.md run 6).
@@ -110,13 +112,7 @@ def _coefficients_kernel(
     s, in_window, src = _window_rows(T, TQ)
     k_cols = tl.arange(0, KC)
     window_keys = src[:, None] * (H * K) + k_cols[None, :]  # [TQ, KC]: chunk 0
-    q_sq, k_sq = tl.zeros((TQ,), tl.float32), tl.zeros((TQ,), tl.float32)
-    for c in range(0, K, KC):  # pass 1: the norms
-      q = tl.load(q_row + window_keys + c).to(tl.float32)
-      k = tl.load(k_row + window_keys + c).to(tl.float32)
-      q_sq += tl.sum(q * q, axis=1)
-      k_sq += tl.sum(k * k, axis=1)
-    q_norm, k_norm = tl.sqrt_rn(q_sq + tile.L2_EPS), tl.sqrt_rn(k_sq + tile.L2_EPS)
+    q_norm, k_norm = window_norms(q_row, k_row, window_keys, K, KC, TQ)  # pass 1: the norms
 
     key_head = (slot * H + kh) * L  # ring row 0 of the key head (ring_k, ring_rawk)
     p, ring_rows, valid = _history_rows(write_pos, cache_base, L, LP)
@@ -127,11 +123,8 @@ def _coefficients_kernel(
     XK_q, XK_k = tl.zeros((TQ, LP), tl.float32), tl.zeros((TQ, LP), tl.float32)
     qk, kk = tl.zeros((TQ, TQ), tl.float32), tl.zeros((TQ, TQ), tl.float32)
     for c in range(0, K, KC):
-      k_raw = tl.load(k_row + window_keys + c)
-      q = tl.load(q_row + window_keys + c).to(tl.float32)
-      q_hat = tl.where(in_window[:, None], tl.math.div_rn(q, q_norm[:, None]) * (K ** -0.5), 0.0)
-      k_hat = tl.where(in_window[:, None], tl.math.div_rn(k_raw.to(tl.float32), k_norm[:, None]),
-                       0.0)
+      k_raw, q_hat, k_hat = window_chunk(q_row, k_row, window_keys + c, in_window, q_norm, k_norm,
+                                         K)
       k_hist = tl.load(ring_k_in_ptr + key_head * K + history_keys + c)  # whole, then selected
       k_hist = tl.where(valid[:, None], k_hist.to(tl.float32), 0.0)  # [LP, KC]
       XK_q += _inline_nt(q_hat, k_hist)
@@ -146,7 +139,6 @@ def _coefficients_kernel(
     s_q = tl.where(in_window, tl.math.div_rn(one, q_norm) * (K ** -0.5), 0.0)
     s_k = tl.where(in_window, tl.math.div_rn(one, k_norm), 0.0)
 
-    causal = s[:, None] >= s[None, :]
     window_t = in_window[:, None] & in_window[None, :]
     for i in tl.static_range(HV // H):  # the key head's value heads
       h = kh * (HV // H) + i
@@ -157,15 +149,8 @@ def _coefficients_kernel(
       g, beta = tile.gating(tl.load(a_ptr + gates), tl.load(b_ptr + gates),
                             tl.load(A_log_ptr + h), tl.load(dt_bias_ptr + h))
       g_win, beta_win = tl.where(in_window, g, 0.0), tl.where(in_window, beta, 0.0)
-      Gamma = tl.sum(tl.where(causal, g_win[None, :], 0.0), axis=1)
-      decay = tl.where(causal, tile.exp(tl.where(causal, Gamma[:, None] - Gamma[None, :], 0.0)),
-                       0.0)
-      A = tl.where(s[:, None] > s[None, :], beta_win[:, None] * decay * kk, 0.0)
-      Tinv = tl.where(s[:, None] == s[None, :], 1.0, 0.0)  # (I + A)^-1, forward substitution
-      for r in tl.static_range(1, T):
-        a_r = tl.sum(tl.where(s[:, None] == r, A, 0.0), axis=0)
-        row_r = Tinv - tl.sum(a_r[:, None] * Tinv, axis=0)[None, :]
-        Tinv = tl.where(s[:, None] == r, row_r, Tinv)
+      Gamma, decay, A = window_decay(g_win, beta_win, kk, s)
+      Tinv = unit_lower_inverse(A, s, T)
       exp_gamma = tile.exp(Gamma)
       E = Tinv * (beta_win * exp_gamma)[None, :]
       Dh = -tl.sum(E[:, :, None] * (XK_k * w[None, :])[None, :, :], axis=1)  # [TQ, LP]

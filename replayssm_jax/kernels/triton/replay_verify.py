@@ -59,7 +59,8 @@ from replayssm_jax.kernels.triton import replay_split, tile
 from replayssm_jax.kernels.triton.launch import Launch, run
 from replayssm_jax.kernels.triton.recurrent import check_tuning
 from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT, WINDOW_PRECISION,
-                                                       history_weights, mma)
+                                                       history_weights, mma, unit_lower_inverse,
+                                                       window_chunk, window_decay, window_norms)
 
 RING_NAMES = pallas_replay.RING_NAMES
 MAX_DRAFT_TOKENS = 16
@@ -134,13 +135,7 @@ def _replay_verify_ut_kernel(
     q_row, k_row = q_ptr + (first * H + kh) * K, k_ptr + (first * H + kh) * K
     window_keys = src[:, None] * (H * K) + k_cols[None, :]  # [TP, KC]: chunk 0
     # Pass 1 over the K-chunks: the norms of q and k.
-    q_sq, k_sq = tl.zeros((TP,), tl.float32), tl.zeros((TP,), tl.float32)
-    for c in range(0, K, KC):
-      q = tl.load(q_row + window_keys + c).to(tl.float32)
-      k = tl.load(k_row + window_keys + c).to(tl.float32)
-      q_sq += tl.sum(q * q, axis=1)
-      k_sq += tl.sum(k * k, axis=1)
-    q_norm, k_norm = tl.sqrt_rn(q_sq + tile.L2_EPS), tl.sqrt_rn(k_sq + tile.L2_EPS)
+    q_norm, k_norm = window_norms(q_row, k_row, window_keys, K, KC, TP)
 
     # The history: LP ring rows (rows past L read row L - 1), selected by logical index.
     value_head = (slot * HV + h) * L  # ring row 0 of this value head (ring_d, ring_g, ...)
@@ -165,10 +160,8 @@ def _replay_verify_ut_kernel(
     W_q, W_k = tl.zeros((TP, BV), tl.float32), tl.zeros((TP, BV), tl.float32)
     qk, kk = tl.zeros((TP, TP), tl.float32), tl.zeros((TP, TP), tl.float32)
     for c in range(0, K, KC):
-      k_raw = tl.load(k_row + window_keys + c)
-      q = tl.load(q_row + window_keys + c).to(tl.float32)
-      q_hat = tl.where(in_window[:, None], tl.math.div_rn(q, q_norm[:, None]) * (K ** -0.5), 0.0)
-      k_hat = tl.where(in_window[:, None], tl.math.div_rn(k_raw.to(tl.float32), k_norm[:, None]), 0.0)
+      k_raw, q_hat, k_hat = window_chunk(q_row, k_row, window_keys + c, in_window, q_norm, k_norm,
+                                         K)
       k_hist = tl.load(ring_k_in_ptr + key_head * K + history_keys + c)
       k_hist_t = tl.trans(tl.where(valid[:, None], k_hist.to(tl.float32), 0.0))  # [KC, LP]
       S0_t = tl.trans(tl.load(ssm_ptr + (slot * HV + h) * V * K + checkpoint + c))  # [KC, BV]
@@ -190,17 +183,9 @@ def _replay_verify_ut_kernel(
     g, beta = tile.gating(tl.load(a_ptr + gates), tl.load(b_ptr + gates),
                           tl.load(A_log_ptr + h), tl.load(dt_bias_ptr + h))
     g_win, beta_win = tl.where(in_window, g, 0.0), tl.where(in_window, beta, 0.0)
-    causal = s[:, None] >= s[None, :]
-    Gamma = tl.sum(tl.where(causal, g_win[None, :], 0.0), axis=1)
-    decay = tl.where(causal, tile.exp(tl.where(causal, Gamma[:, None] - Gamma[None, :], 0.0)), 0.0)
-    A = tl.where(s[:, None] > s[None, :], beta_win[:, None] * decay * kk, 0.0)
+    Gamma, decay, A = window_decay(g_win, beta_win, kk, s)
     R = beta_win[:, None] * (v - tile.exp(Gamma)[:, None] * W_k)
-    # (I + A)^-1 by forward substitution: row i = e_i - A[i, :] @ Tinv (rows < i final).
-    Tinv = tl.where(s[:, None] == s[None, :], 1.0, 0.0)
-    for i in tl.static_range(1, T):
-      a_i = tl.sum(tl.where(s[:, None] == i, A, 0.0), axis=0)
-      row_i = Tinv - tl.sum(a_i[:, None] * Tinv, axis=0)[None, :]
-      Tinv = tl.where(s[:, None] == i, row_i, Tinv)
+    Tinv = unit_lower_inverse(A, s, T)
     D = mma(Tinv, R, WINDOW_PRECISION)
     O = tile.exp(Gamma)[:, None] * W_q + mma(decay * qk, D, WINDOW_PRECISION)
     tl.store(o_row + window_values, O.to(o_ptr.dtype.element_ty), mask=in_window[:, None])
