@@ -6,9 +6,9 @@ nothing written) as the Pallas kernels, so `replayssm_jax.ssm` dispatches to the
 - `recurrent_verify`, `recurrent_decode` (`recurrent`): the backend's baseline;
 - `fold` (`fold`): the exact fold, bitwise equal to the recurrent verify by construction (one
   shared step function in `tile`, one `KernelTuning`);
-- `replay_verify` (`replay_verify`): the split form (`replay_split`: coefficients, then a
-  pipelined checkpoint stream) from 16 rows of a window and 64 of decode, below them the UT
-  form for any T <= 16 and the dot-free vector form for T = 1.
+- `replay_verify` (`replay_verify`): a window in the split form (`replay_split`: coefficients,
+  then a pipelined checkpoint stream) from 16 rows, below that in the UT form (any T <= 16);
+  decode (T = 1) in the dot-free vector form.
 
 `launch` runs a kernel through `jax_triton.triton_call` on a GPU, through Triton's interpreter
 under ``TRITON_INTERPRET=1`` (CPU tests), or compiles it for sm_90 without a GPU

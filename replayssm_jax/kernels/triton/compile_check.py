@@ -52,7 +52,7 @@ def launches(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int = 8,
       **{f"replay_split_{part}_T{t}": launch
          for t, x in ((T, win), (1, one))
          for part, launch in zip(("coefficients", "stream"), split_launches(
-             *replay(x), tuning=replay_tuning(V, t, B=256), dot_precision=dot_precision))},
+             *replay(x), tuning=replay_tuning(V, T, B=256), dot_precision=dot_precision))},
   }
 
 

@@ -4,15 +4,15 @@ The Pallas split form's math (`replayssm_jax.kernels.replay_split`, whose docstr
 full) in two launches:
 
 1. `_coefficients_kernel`, grid (H, B), one warp: per (row, key head) the normalised window,
-   its products with the key history (``X K_hist^T``, ``dot_precision``) and with itself
-   (``q_hat k_hat^T``, ``k_hat k_hat^T``, exact fp32), then for each of the key head's value
-   heads the gates, the UT inverse and the small matrices ``[Dh; Oh]`` (``[2, T, LP]``),
-   ``(P, Dy, M)`` (``[3, T, T]``) and ``eq`` (``[T]``) into fp32 scratch, ``Dy`` and ``eq``
-   already scaled by the inverse norms of the raw window (``Y`` below is of the raw q and k);
-   it writes the window's k_hat, raw k, g and beta records.
-2. `_stream_kernel`, grid (V // BV, HV, B): ``Y_q = q S0^T`` and ``Y_k = k S0^T`` over a loop
-   of K-chunks of the raw window and the checkpoint, which Triton software-pipelines
-   (``num_stages``), then
+   its products with the key history (``X K_hist^T``) and with itself (``q_hat k_hat^T``,
+   ``k_hat k_hat^T``), then for each of the key head's value heads the gates, the UT inverse and
+   the small matrices ``[Dh; Oh]`` (``[2, T, LP]``), ``(P, Dy, M)`` (``[3, T, T]``) and ``eq``
+   (``[T]``) into fp32 scratch, ``Dy`` and ``eq`` already scaled by the inverse norms of the
+   raw window (``Y`` below is of the raw q and k); it writes the window's k_hat, raw k, g and
+   beta records. The window is held in ``TQ = next_power_of_two(T)`` rows and every product is
+   written out in exact fp32: a tensor-core tile (16 rows) costs more than it saves here.
+2. `_stream_kernel`, grid (V // BV, HV, B): ``Y = X S0^T`` for ``X = [q; k]`` raw, stacked in
+   one tile, over a loop of K-chunks that Triton software-pipelines (``num_stages``), then
 
        D = P v + Dy Y_k + Dh D_hist,    O = eq * Y_q + Oh D_hist + M D,
 
@@ -21,11 +21,14 @@ full) in two launches:
 
 Same contract as `replay_verify.replay_verify`: ``ssm`` only read, the window's records at
 ``phys(write_pos + s)``, every other ring entry untouched, a padding row (slot -1) gets zero
-outputs and writes nothing (its scratch is never written nor read). Every ``tl.dot`` operand has
-at least 16 rows and columns (``TP = max(16, next_power_of_two(T))`` window rows, ``LP = max(16,
-L)`` history rows); window rows past T are loaded from token T - 1 and zeroed with
-``tl.where``, history rows by their logical index, as in `replay_verify`'s UT kernel, so no
-stale or NaN entry reaches a product.
+outputs and writes nothing (its scratch is never written nor read). Every operand of the
+stream's ``tl.dot`` has at least 16 rows and columns (``TP = max(16, next_power_of_two(T))``
+window rows, ``LP = max(16, L)`` history rows); in both kernels window rows past T are loaded
+from token T - 1 and zeroed with ``tl.where``, history rows by their logical index, as in
+`replay_verify`'s UT kernel, so no stale or NaN entry reaches a product.
+
+H200 (benchmarks/NOTES.md run 29): B=256 257.7 us (coefficients 52.9, stream 204.3) against the
+UT form's 501.2; the Pallas split form takes 177.
 """
 
 from __future__ import annotations
@@ -268,19 +271,17 @@ def _scratch(B: int, T: int, HV: int, LP: int) -> dict[str, jax.ShapeDtypeStruct
               eq=jax.ShapeDtypeStruct((B, HV, T), f32))
 
 
-def _dims(q, v, L: int, dot_precision: str) -> dict:
-  """The constexprs both kernels share."""
+def _dims(q, v, L: int) -> dict:
+  """The shape constexprs both kernels take."""
   T, H, K = q.shape[1:]
-  HV = v.shape[2]
-  return dict(T=T, TP=max(MIN_DOT, next_power_of_two(T)), L=L, LP=max(MIN_DOT, L), H=H, HV=HV,
-              K=K, PRECISION=INPUT_PRECISION[dot_precision], WINDOW_PRECISION=WINDOW_PRECISION)
+  return dict(T=T, L=L, LP=max(MIN_DOT, L), H=H, HV=v.shape[2], K=K)
 
 
 def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log, dt_bias,
-                        slot_ids, write_pos, cache_base, *, dot_precision: str) -> Launch:
+                        slot_ids, write_pos, cache_base) -> Launch:
   """The coefficients kernel's launch: outputs ``(zh, zt, eq, ring_k, ring_g, ring_beta,
-  ring_rawk)``, the rings in place."""
-  dims = _dims(q, v, ring_g.shape[-1], dot_precision)
+  ring_rawk)``, the rings in place. Its products are exact fp32 at any ``dot_precision``."""
+  dims = _dims(q, v, ring_g.shape[-1])
   B, T = q.shape[:2]
   TQ = next_power_of_two(T)
   # K-chunks of at most INLINE_PRODUCT elements of a [TQ, LP, KC] product.
@@ -294,15 +295,14 @@ def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_l
                   ring_beta=ring_beta, ring_rawk=ring_rawk),
       outputs=dict(**_scratch(B, T, dims["HV"], dims["LP"]), ring_k="ring_k", ring_g="ring_g",
                    ring_beta="ring_beta", ring_rawk="ring_rawk"),
-      constexprs=dict(T=T, TQ=TQ, L=dims["L"], LP=dims["LP"], H=dims["H"], HV=dims["HV"],
-                      K=dims["K"], KC=kc),
+      constexprs=dict(dims, TQ=TQ, KC=kc),
       num_warps=COEFFICIENT_WARPS, num_stages=1)
 
 
 def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_pos, cache_base,
                   *, L: int, tuning: KernelTuning, dot_precision: str) -> Launch:
   """The stream kernel's launch: outputs ``(o, ring_d, ring_rawv)``, the rings in place."""
-  dims = _dims(q, v, L, dot_precision)
+  dims = _dims(q, v, L)
   B, T = q.shape[:2]
   V = v.shape[3]
   kc = min(tuning.k_chunk, dims["K"])
@@ -315,8 +315,10 @@ def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_p
                   ssm=ssm, zh=zh, zt=zt, eq=eq, ring_d=ring_d, ring_rawv=ring_rawv),
       outputs=dict(o=jax.ShapeDtypeStruct(v.shape, v.dtype), ring_d="ring_d",
                    ring_rawv="ring_rawv"),
-      constexprs=dict(dims, XP=max(MIN_DOT, 2 * next_power_of_two(T)), V=V, BV=tuning.block_v,
-                      KC=kc),
+      constexprs=dict(dims, TP=max(MIN_DOT, next_power_of_two(T)),
+                      XP=max(MIN_DOT, 2 * next_power_of_two(T)), V=V, BV=tuning.block_v, KC=kc,
+                      PRECISION=INPUT_PRECISION[dot_precision],
+                      WINDOW_PRECISION=WINDOW_PRECISION),
       num_warps=tuning.num_warps, num_stages=tuning.num_stages)
 
 
@@ -326,8 +328,7 @@ def split_launches(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   """Both launches from shapes (`compile_check`): the coefficients', then the stream's on
   scratch of the shapes the first writes."""
   coefficients = coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log,
-                                     dt_bias, slot_ids, write_pos, cache_base,
-                                     dot_precision=dot_precision)
+                                     dt_bias, slot_ids, write_pos, cache_base)
   zh, zt, eq = coefficients.out_shapes()[:3]
   return coefficients, stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids,
                                      write_pos, cache_base, L=ring_g.shape[-1], tuning=tuning,
@@ -342,7 +343,7 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   ring_rawv)``. ``tuning`` is the stream's. Inputs are checked by the caller."""
   zh, zt, eq, ring_k, ring_g, ring_beta, ring_rawk = run(coefficients_launch(
       ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos,
-      cache_base, dot_precision=dot_precision))
+      cache_base))
   o, ring_d, ring_rawv = run(stream_launch(
       ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_pos, cache_base,
       L=ring_g.shape[-1], tuning=tuning, dot_precision=dot_precision))
