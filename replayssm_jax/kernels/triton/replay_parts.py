@@ -41,6 +41,14 @@ def history_weights(g_ring, p, write_pos, cache_base, L: tl.constexpr):
 
 
 @triton.jit
+def window_rows(T: tl.constexpr, TP: tl.constexpr):
+  """``(s, in_window, src)``: the TP window rows (rows past T pad the dots), those below T, and
+  the token each reads (rows past T read token T - 1)."""
+  s = tl.arange(0, TP)
+  return s, s < T, tl.minimum(s, T - 1)
+
+
+@triton.jit
 def window_norms(q_row, k_row, window_keys, K: tl.constexpr, KC: tl.constexpr, TP: tl.constexpr):
   """``(q_norm, k_norm)`` ``[TP]`` of the window's rows (``window_keys``: the ``[TP, KC]``
   offsets of chunk 0 from ``q_row`` / ``k_row``), summed chunk by chunk over K."""

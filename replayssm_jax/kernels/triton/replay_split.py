@@ -48,7 +48,7 @@ from replayssm_jax.kernels.triton.launch import Launch, run
 from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT,
                                                        WINDOW_PRECISION, history_weights, mma,
                                                        unit_lower_inverse, window_chunk,
-                                                       window_decay, window_norms)
+                                                       window_decay, window_norms, window_rows)
 
 # The coefficients kernel's warps: one (its tiles are the window's few rows: more warps would
 # replicate them, as the Pallas kernel's measured, benchmarks/NOTES.md run 6).
@@ -60,13 +60,6 @@ COEFFICIENT_WARPS = 1
 # 52.9 and 13.8 us; pipeline stages changed nothing. 8192 (KC=128) compiles to 168 registers,
 # not timed.
 INLINE_PRODUCT = 4096
-
-
-@triton.jit
-def _window_rows(T: tl.constexpr, TP: tl.constexpr):
-  """``(s, in_window, src)``: the TP window rows, those below T, and the token each reads."""
-  s = tl.arange(0, TP)
-  return s, s < T, tl.minimum(s, T - 1)
 
 
 @triton.jit
@@ -112,7 +105,7 @@ def _coefficients_kernel(
     write_pos, cache_base = tl.load(write_pos_ptr + row), tl.load(cache_base_ptr + row)
     first = row.to(tl.int64) * T  # the row's first token in the batch
     q_row, k_row = q_ptr + (first * H + kh) * K, k_ptr + (first * H + kh) * K
-    s, in_window, src = _window_rows(T, TQ)
+    s, in_window, src = window_rows(T, TQ)
     k_cols = tl.arange(0, KC)
     window_keys = src[:, None] * (H * K) + k_cols[None, :]  # [TQ, KC]: chunk 0
     q_norm, k_norm = window_norms(q_row, k_row, window_keys, K, KC, TQ)  # pass 1: the norms
@@ -214,7 +207,7 @@ def _stream_kernel(
   kh = h // (HV // H)
   first = row.to(tl.int64) * T
   o_row, v_row = o_ptr + (first * HV + h) * V, v_ptr + (first * HV + h) * V
-  s, in_window, src = _window_rows(T, TP)
+  s, in_window, src = window_rows(T, TP)
   v_cols = j * BV + tl.arange(0, BV)
   window_values = src[:, None] * (HV * V) + v_cols[None, :]  # [TP, BV]
   if slot < 0:

@@ -60,7 +60,8 @@ from replayssm_jax.kernels.triton.launch import Launch, run
 from replayssm_jax.kernels.triton.recurrent import check_tuning
 from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT, WINDOW_PRECISION,
                                                        history_weights, mma, unit_lower_inverse,
-                                                       window_chunk, window_decay, window_norms)
+                                                       window_chunk, window_decay, window_norms,
+                                                       window_rows)
 
 RING_NAMES = pallas_replay.RING_NAMES
 MAX_DRAFT_TOKENS = 16
@@ -121,9 +122,7 @@ def _replay_verify_ut_kernel(
   # int64 only in the scalar bases (row, slot); the tile offsets below are int32.
   first = row.to(tl.int64) * T  # the row's first token in the batch
   o_row, v_row = o_ptr + (first * HV + h) * V, v_ptr + (first * HV + h) * V
-  s = tl.arange(0, TP)  # window rows; rows past T pad the dots to 16
-  in_window = s < T
-  src = tl.minimum(s, T - 1)  # rows past T read token T - 1
+  s, in_window, src = window_rows(T, TP)
   v_cols = j * BV + tl.arange(0, BV)
   k_cols = tl.arange(0, KC)
   window_values = src[:, None] * (HV * V) + v_cols[None, :]  # [TP, BV]
