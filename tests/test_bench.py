@@ -11,6 +11,7 @@ import pytest
 
 from replayssm_jax import SpecConfig, ssm
 from replayssm_jax.bench import kernels
+from replayssm_jax.bench import timing
 from replayssm_jax.bench.timing import time_calls
 from replayssm_jax.kernels import backend, fold, replay_split
 
@@ -44,6 +45,21 @@ def test_time_calls_threads_state_and_passes_args():
                         args=(jnp.arange(3, dtype=jnp.int32), 2), reps=4, warmup=1)
   np.testing.assert_array_equal(np.asarray(state), 2 * 5 * np.arange(3))
   assert t.median_us > 0 and len(seen) == 1
+
+
+def test_device_timing_sums_kernels_and_spans_each_call():
+  """`timing._device_timing` drops each call's L2-flush kernel, sums the call's kernels, and
+  spans first start to last end: above the sum across a launch gap, below it where two
+  kernels overlap (another stream, or a concurrent command buffer)."""
+  us = 1000  # ns
+  serial = [(0, 5 * us, "flush"), (10 * us, 4 * us, "a"), (16 * us, 6 * us, "b")]  # 2 us gap
+  overlapped = [(100 * us, 5 * us, "flush"), (110 * us, 4 * us, "a"), (111 * us, 6 * us, "b")]
+  t = timing._device_timing(serial + overlapped, 2, 1, [50.0, 70.0])
+  assert t.method == "device-events" and t.kernels == ("a", "b")
+  assert t.median_us == 10.0 and t.kernel_us == (4.0, 6.0) and t.wall_us == 60.0
+  assert t.span_us == (12.0 + 7.0) / 2  # the median of a gapped 12 and an overlapped 7
+  assert timing._device_timing(serial[:2], 2, 1, []) is None  # no kernel of the call
+  assert timing._device_timing(serial, 2, 1, []) is None  # three kernels for two calls
 
 
 def test_bench_paths(tmp_path):

@@ -32,12 +32,16 @@ class Timing:
   kernels: tuple[str, ...] = ()  # device kernels launched by one call
   kernel_us: tuple[float, ...] = ()  # the median device time of each of them
   wall_us: float = float("nan")  # median host clock of a call to its result (dispatch included)
+  # Median device span of a call: its first kernel's start to its last kernel's end. Above the
+  # summed time by the launch gaps; below it where kernels run concurrently.
+  span_us: float = float("nan")
 
   def per_call(self, n: int) -> "Timing":
     """The timing of one of the ``n`` equal steps a call makes (every time divided by n)."""
     return dataclasses.replace(
         self, median_us=self.median_us / n, p20_us=self.p20_us / n, p80_us=self.p80_us / n,
-        kernel_us=tuple(us / n for us in self.kernel_us), wall_us=self.wall_us / n)
+        kernel_us=tuple(us / n for us in self.kernel_us), wall_us=self.wall_us / n,
+        span_us=self.span_us / n)
 
   def by_kernel(self) -> dict[str, float]:
     """Median microseconds per kernel name (summed over the launches of one name)."""
@@ -47,11 +51,13 @@ class Timing:
     return out
 
 
-def _summary(times_us: list[float], method: str, kernels=(), kernel_us=(), wall_us=()) -> Timing:
+def _summary(times_us: list[float], method: str, kernels=(), kernel_us=(), wall_us=(),
+             span_us=()) -> Timing:
   t = np.asarray(times_us)
+  median = lambda xs: float(np.median(xs)) if len(xs) else float("nan")
   return Timing(float(np.median(t)), float(np.quantile(t, 0.2)), float(np.quantile(t, 0.8)),
                 len(t), method, tuple(kernels), tuple(float(x) for x in kernel_us),
-                float(np.median(wall_us)) if len(wall_us) else float("nan"))
+                median(wall_us), median(span_us))
 
 
 def _device_events(trace_dir: str) -> list[tuple[float, float, str]]:
@@ -138,13 +144,22 @@ def time_calls(fn: Callable, state, *, args: tuple = (), reps: int = 50, warmup:
     events = []
     while len(host) < reps:
       state = timed_call(state)
-  if events and flush_events >= 0 and len(events) % reps == 0:
-    per_rep = len(events) // reps
-    # Each rep is the flush's kernels, then the call's (one stream, in order).
-    groups = [events[i * per_rep + flush_events:(i + 1) * per_rep] for i in range(reps)]
-    names = tuple(name for _, _, name in groups[-1])
-    if names:
-      per_kernel = np.median([[d / 1e3 for _, d, _ in g] for g in groups], axis=0)
-      return _summary([sum(d for _, d, _ in g) / 1e3 for g in groups], "device-events", names,
-                      per_kernel, host), state
-  return _summary(host, "host-clock", wall_us=host), state
+  timing = _device_timing(events, reps, flush_events, host)
+  return timing or _summary(host, "host-clock", wall_us=host), state
+
+
+def _device_timing(events, reps: int, flush_events: int, host_us) -> Timing | None:
+  """The timing of ``reps`` calls from their trace's kernels ``(start_ns, duration_ns, name)``,
+  sorted by start: each call's group is the L2 flush's ``flush_events`` kernels, then the
+  call's own. None where the kernels do not split into such groups."""
+  if not events or flush_events < 0 or len(events) % reps:
+    return None
+  per_rep = len(events) // reps
+  groups = [events[i * per_rep + flush_events:(i + 1) * per_rep] for i in range(reps)]
+  names = tuple(name for _, _, name in groups[-1])
+  if not names:
+    return None
+  per_kernel = np.median([[d / 1e3 for _, d, _ in g] for g in groups], axis=0)
+  spans = [(max(t + d for t, d, _ in g) - g[0][0]) / 1e3 for g in groups]
+  return _summary([sum(d for _, d, _ in g) / 1e3 for g in groups], "device-events", names,
+                  per_kernel, host_us, spans)
