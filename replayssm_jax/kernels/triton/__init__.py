@@ -15,9 +15,9 @@ under ``TRITON_INTERPRET=1`` (CPU tests), or compiles it for sm_90 without a GPU
 (`compile_check` reports registers and spills at the anchor geometry). Needs the ``triton``
 extra (``jax-triton``, ``triton``).
 
-Status: passes the GPU tests of the Pallas kernels on an H200 (2026-11-30, jax 0.11.2, triton
-3.6, jax-triton 0.3.1), with the fold bitwise equal to the recurrent verify at every launch
-swept; timings in benchmarks/NOTES.md (run 5).
+Status: passes the GPU tests of the Pallas kernels on an H200 (2026-11-30, again 2026-12-04
+with the split form: jax 0.11.2, triton 3.6, jax-triton 0.3.1), with the fold bitwise equal to
+the recurrent verify at every launch swept; timings in benchmarks/NOTES.md (runs 5, 29, 30).
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
   The split form's stream: ``[64, K]`` tiles over 2 warps in K-chunks of 64 through 2
   pipeline stages, the fastest of seven launches at B=256 and 64 (H200, benchmarks/NOTES.md run
   29: 203.5 and 60.1 us; the Pallas stream's (128, 4, 64, 2) 207.2 and 60.8, (128, 8, 64, 2)
-  263.7 and 72.4). The one-kernel forms, H200, 2026-11-30, B=256,
+  263.7 and 72.4). Again with its epilogue on the tensor cores (run 30): 185.9-186.7 and
+  54.3-54.9 us; (64, 2, 64, 3) 186.3 and 52.6, (128, 4, 64, 2) 187.7 and 55.4, (32, 2, 64, 2)
+  208.8 and 58.9, (64, 4, 64, 2) 218.0 and 60.8. The one-kernel forms, H200, 2026-11-30, B=256,
   write_pos 8 (benchmarks/NOTES.md run 5): ``[128, K]`` tiles over 4 warps in K-chunks of 32
   were the fastest of the launches tried for both: UT at T=4 502 us (721 us at (64, 2)), the
   vector form at T=1 222 us (278 us at (64, 4)).

@@ -27,8 +27,8 @@ window rows, ``LP = max(16, L)`` history rows); in both kernels window rows past
 from token T - 1 and zeroed with ``tl.where``, history rows by their logical index, as in
 `replay_verify`'s UT kernel, so no stale or NaN entry reaches a product.
 
-H200 (benchmarks/NOTES.md run 29): B=256 257.7 us (coefficients 52.9, stream 204.3) against the
-UT form's 501.2; the Pallas split form takes 177.
+H200 (benchmarks/NOTES.md runs 29-30): B=256 234.2 us (coefficients 47.3, stream 186.4) against
+the UT form's 501.2; the Pallas split form takes 177.
 """
 
 from __future__ import annotations
@@ -46,20 +46,30 @@ from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.triton import tile
 from replayssm_jax.kernels.triton.launch import Launch, run
 from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT,
-                                                       WINDOW_PRECISION, history_weights, mma,
+                                                       history_weights, mma,
                                                        unit_lower_inverse, window_chunk,
                                                        window_decay, window_norms, window_rows)
 
 # The coefficients kernel's warps: one (its tiles are the window's few rows: more warps would
 # replicate them, as the Pallas kernel's measured, benchmarks/NOTES.md run 6).
 COEFFICIENT_WARPS = 1
-# Elements of its largest written-out product, [TQ, LP, KC], which set its K-chunk. Each K-chunk
-# is a round trip of loads in series (a one-warp program has nothing to hide them under), so
-# fewer, larger chunks win while they fit in registers. H200, T=4 (benchmarks/NOTES.md run 29):
-# 2048 (KC=32, 105 registers) 95.2 us at B=256, 26.2 at B=16; 4096 (KC=64, 128 registers)
-# 52.9 and 13.8 us; pipeline stages changed nothing. 8192 (KC=128) compiles to 168 registers,
-# not timed.
-INLINE_PRODUCT = 4096
+# Elements of its largest written-out product, [TQ, LP, KC], which set its K-chunk: by TQ, the
+# window's rows (`INLINE_PRODUCT_WIDE` past the last). Each K-chunk is a round trip of loads in
+# series (a one-warp program has nothing to hide them under), so fewer, larger chunks win while
+# they fit in registers. H200, T=4 (benchmarks/NOTES.md runs 29-30): 2048 (KC=32, 105
+# registers) 95.2 us at B=256, 26.2 at B=16; 4096 (KC=64, 128 registers) 52.9-58.2, 17.7 at
+# B=64, 13.0-13.8 at B=16; 8192 (KC=128, one chunk, 168 registers) 47.2, 13.9 and 10.7 us.
+# Pipeline stages changed nothing. Wider windows hold larger accumulators ([TQ, LP] and
+# [TQ, TQ]): at T=16, L=32 8192 spills (sm_90 compile: 1148 spill stores), 4096 does not.
+INLINE_PRODUCT = {1: 8192, 2: 8192, 4: 8192}
+INLINE_PRODUCT_WIDE = 4096
+# The stream epilogue's products with its [T, T] coefficients and eq (P v, Dy Y, Eq Y, M D),
+# padded to 16-row tiles: "ieee" lowers them to CUDA-core FMA loops, 1024 a thread, about 44% of
+# the stream's instructions; "tf32x3" runs each as three tf32 MMAs (fp32-level error, after the
+# window's solve, which stays exact fp32 in the coefficients kernel). H200, T=4
+# (benchmarks/NOTES.md run 30): the stream at B=256 205.4 -> 186.4 us, B=64 60.2 -> 55.3, B=16
+# 22.7 -> 20.6; registers 166 -> 130 (sm_90 compile).
+EPILOGUE_PRECISION = "tf32x3"
 
 
 @triton.jit
@@ -196,7 +206,7 @@ def _stream_kernel(
     ring_rawv_ptr,  # [slots, HV, L, V] activation
     T: tl.constexpr, TP: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    KC: tl.constexpr, PRECISION: tl.constexpr, WINDOW_PRECISION: tl.constexpr,
+    KC: tl.constexpr, PRECISION: tl.constexpr, EPILOGUE_PRECISION: tl.constexpr,
 ):
   """``X = [q; k]`` stacked in ``XP`` rows (q's tokens from row 0, k's from row XP / 2) makes
   one dot a K-chunk, ``Y = X S0^T``; the epilogue reads ``Y_q`` and ``Y_k`` through the
@@ -247,9 +257,10 @@ def _stream_kernel(
       Y += mma(x, tl.trans(tl.load(checkpoint + c)), PRECISION)
 
     v = tl.where(in_window[:, None], v_raw.to(tl.float32), 0.0)
-    D = (mma(P, v, WINDOW_PRECISION) + mma(Dy, Y, WINDOW_PRECISION)
+    D = (mma(P, v, EPILOGUE_PRECISION) + mma(Dy, Y, EPILOGUE_PRECISION)
          + mma(Dh, d_hist, PRECISION))
-    O = mma(Eq, Y, WINDOW_PRECISION) + mma(Oh, d_hist, PRECISION) + mma(M, D, WINDOW_PRECISION)
+    O = (mma(Eq, Y, EPILOGUE_PRECISION) + mma(Oh, d_hist, PRECISION)
+         + mma(M, D, EPILOGUE_PRECISION))
     tl.store(o_row + window_values, O.to(o_ptr.dtype.element_ty), mask=in_window[:, None])
     phys = (cache_base + write_pos + s) & (L - 1)
     records = value_head * V + phys[:, None] * V + v_cols[None, :]
@@ -278,7 +289,8 @@ def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_l
   B, T = q.shape[:2]
   TQ = next_power_of_two(T)
   # K-chunks of at most INLINE_PRODUCT elements of a [TQ, LP, KC] product.
-  kc = min(dims["K"], max(1, INLINE_PRODUCT // (TQ * dims["LP"])))
+  product = INLINE_PRODUCT.get(TQ, INLINE_PRODUCT_WIDE)
+  kc = min(dims["K"], max(1, product // (TQ * dims["LP"])))
   return Launch(
       kernel=_coefficients_kernel,
       name=f"triton_replay_coefficients_T{T}_kc{kc}",
@@ -311,7 +323,7 @@ def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_p
       constexprs=dict(dims, TP=max(MIN_DOT, next_power_of_two(T)),
                       XP=max(MIN_DOT, 2 * next_power_of_two(T)), V=V, BV=tuning.block_v, KC=kc,
                       PRECISION=INPUT_PRECISION[dot_precision],
-                      WINDOW_PRECISION=WINDOW_PRECISION),
+                      EPILOGUE_PRECISION=EPILOGUE_PRECISION),
       num_warps=tuning.num_warps, num_stages=tuning.num_stages)
 
 
