@@ -62,6 +62,18 @@ def test_device_timing_sums_kernels_and_spans_each_call():
   assert timing._device_timing(serial, 2, 1, []) is None  # three kernels for two calls
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--triton-split-min-batch", "16", "none"], "applies to --backend triton only"),
+    (["--backend", "triton", "--triton-split-min-batch", "0", "16"], "no batch size"),
+])
+def test_triton_split_min_batch_is_checked(argv, message, capsys):
+  """``--triton-split-min-batch`` takes rows or 'none', with the triton backend only; either
+  mistake stops the run before anything is timed."""
+  with pytest.raises(SystemExit):
+    kernels.main(["--tiny", *argv])
+  assert message in capsys.readouterr().err
+
+
 def test_bench_paths(tmp_path):
   """``--paths`` times the named groups and nothing else; an unknown group is refused."""
   out = tmp_path / "results.json"

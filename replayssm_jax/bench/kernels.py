@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import importlib
 import json
 import platform
 import sys
@@ -340,6 +341,16 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
         yield name, -1, L_dec, t.per_call(steps), model / steps
 
 
+def _rows_or_none(text: str) -> int | None:
+  """A batch size, or ``none`` (argparse type of ``--triton-split-min-batch``)."""
+  if text.lower() == "none":
+    return None
+  rows = int(text)
+  if rows < 1:
+    raise argparse.ArgumentTypeError(f"{text!r} is no batch size: give rows >= 1 or 'none'.")
+  return rows
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256, 512])
@@ -395,6 +406,11 @@ def main(argv=None) -> int:
                  default=replay_split.STREAM_FOLD_PREFETCH_RECORDS_TO,
                  help="the same for the folding programs of the split verify's stream "
                       "(kernels.replay_split.STREAM_FOLD_PREFETCH_RECORDS_TO)")
+  p.add_argument("--triton-split-min-batch", nargs=2, type=_rows_or_none, default=None,
+                 metavar=("WINDOW", "DECODE"),
+                 help="rows from which the triton replay verify runs its split form, for windows "
+                      "and for decode, 'none' for never (--backend triton; default: "
+                      "kernels.triton.replay_verify.SPLIT_MIN_BATCH)")
   p.add_argument("--stream-early", choices=replay_split.STREAM_EARLIES,
                  default=replay_split.STREAM_EARLY,
                  help="what of the split verify stream's epilogue comes before its K-loop "
@@ -402,6 +418,8 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   fuse_fold_below = (dict(ssm.FUSE_FOLD_BELOW) if args.stream_fold is None
                      else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
+  if args.triton_split_min_batch is not None and args.backend != "triton":
+    p.error("--triton-split-min-batch applies to --backend triton only.")
   if args.fold_together is not None and not 0 < args.fold_together <= 1:
     p.error(f"--fold-together {args.fold_together} must be a share of the ring in (0, 1].")
   start = time.monotonic()
@@ -441,6 +459,14 @@ def main(argv=None) -> int:
            (replay_split, "STREAM_FOLD_PREFETCH_RECORDS_TO"):
                args.stream_fold_prefetch_records_to,
            (replay_split, "STREAM_EARLY"): args.stream_early}
+  if args.backend == "triton":
+    # By sys.modules: the package's attribute of this name is the function, not the module.
+    triton_forms = importlib.import_module("replayssm_jax.kernels.triton.replay_verify")
+    if args.triton_split_min_batch is not None:
+      knobs[(triton_forms, "SPLIT_MIN_BATCH")] = dict(
+          zip(("window", "decode"), args.triton_split_min_batch))
+    result["triton_split_min_batch"] = knobs.get((triton_forms, "SPLIT_MIN_BATCH"),
+                                                 triton_forms.SPLIT_MIN_BATCH)
   defaults = {knob: getattr(*knob) for knob in knobs}
   for (module, name), value in knobs.items():
     setattr(module, name, value)
