@@ -14,11 +14,16 @@ PY=${PY:-python3}; OUT=${OUT:-out}; OLD=${OLD:-ab_old}; TAG=${TAG:-ab}; ROUNDS=$
 ARMS=${ARMS:-"new=.|;old=$OLD|"}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+# The triton backend needs jax-triton, which the device lacks: carry its wheel in .whl/.
+if compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
+  pip install -q --no-index --no-deps --target /tmp/site .whl/jax_triton-*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader || true
 bench() {  # bench ROOT NAME ROUND EXTRA: `python -m` puts the cwd first, so run from the root
   [ -d "$1/replayssm_jax" ] || { echo "no build at $1/replayssm_jax" >&2; return 2; }
-  (cd "$1" && PYTHONPATH=$PWD "$PY" -c "import replayssm_jax as r; print('build:', r.__file__)" \
-     && PYTHONPATH=$PWD "$PY" -m replayssm_jax.bench.kernels \
+  (cd "$1" && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
+     && "$PY" -c "import replayssm_jax as r; print('build:', r.__file__)" \
+     && "$PY" -m replayssm_jax.bench.kernels \
      --out "$OUT/ab_${TAG}_$2_$3.json" ${BENCH_ARGS:-} $4 2>&1 | grep -E "^(B=|copy|build)" )
 }
 IFS=';' read -ra arms <<< "$ARMS"
