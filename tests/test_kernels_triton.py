@@ -213,6 +213,20 @@ def test_replay_form_and_knobs():
                                  tuning=KernelTuning(block_v=16), dot_precision="ieee")
 
 
+def test_split_launches_pick_chunks_and_epilogue_precision():
+  """The split form's launch choices: one coefficients K-chunk up to 4 window rows, two from 8
+  (the wider accumulators spill otherwise), and the stream's epilogue products as tf32x3 MMAs
+  except under the ieee ablation."""
+  geometry = dict(H=16, HV=32, K=128, V=128, L=16)
+  chunks = {T: compile_check.launches(T=T, **geometry)[f"replay_split_coefficients_T{T}"]
+            .constexprs["KC"] for T in (1, 4, 8)}
+  assert chunks == {1: 128, 4: 128, 8: 32}
+  for precision, epilogue in (("default", "tf32x3"), ("bf16", "tf32x3"), ("ieee", "ieee")):
+    stream = compile_check.launches(T=4, dot_precision=precision, **geometry)[
+        "replay_split_stream_T4"]
+    assert stream.constexprs["EPILOGUE_PRECISION"] == epilogue, precision
+
+
 def test_state_kernels_reject_non_power_of_two_k():
   rng = np.random.default_rng(0)
   x = rec_tests.make_inputs(rng, 2, 1, 1, 2, 24, 16, jnp.float32)

@@ -16,8 +16,9 @@ full) in two launches:
 
        D = P v + Dy Y_k + Dh D_hist,    O = eq * Y_q + Oh D_hist + M D,
 
-   with the epilogue's loads (d history, v, the scratch) issued before the loop; it writes o
-   and the d and raw v records.
+   with the epilogue's loads (d history, v, the scratch) issued before the loop and its
+   products on the tensor cores (`EPILOGUE_PRECISION`); it writes o and the d and raw v
+   records.
 
 Same contract as `replay_verify.replay_verify`: ``ssm`` only read, the window's records at
 ``phys(write_pos + s)``, every other ring entry untouched, a padding row (slot -1) gets zero
@@ -66,7 +67,8 @@ INLINE_PRODUCT_WIDE = 4096
 # The stream epilogue's products with its [T, T] coefficients and eq (P v, Dy Y, Eq Y, M D),
 # padded to 16-row tiles: "ieee" lowers them to CUDA-core FMA loops, 1024 a thread, about 44% of
 # the stream's instructions; "tf32x3" runs each as three tf32 MMAs (fp32-level error, after the
-# window's solve, which stays exact fp32 in the coefficients kernel). H200, T=4
+# window's solve, which stays exact fp32 in the coefficients kernel; "ieee" still with
+# ``dot_precision="ieee"``, the ablation setting). H200, T=4
 # (benchmarks/NOTES.md run 30): the stream at B=256 205.4 -> 186.4 us, B=64 60.2 -> 55.3, B=16
 # 22.7 -> 20.6; registers 166 -> 130 (sm_90 compile).
 EPILOGUE_PRECISION = "tf32x3"
@@ -323,7 +325,8 @@ def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_p
       constexprs=dict(dims, TP=max(MIN_DOT, next_power_of_two(T)),
                       XP=max(MIN_DOT, 2 * next_power_of_two(T)), V=V, BV=tuning.block_v, KC=kc,
                       PRECISION=INPUT_PRECISION[dot_precision],
-                      EPILOGUE_PRECISION=EPILOGUE_PRECISION),
+                      EPILOGUE_PRECISION=("ieee" if dot_precision == "ieee"
+                                          else EPILOGUE_PRECISION)),
       num_warps=tuning.num_warps, num_stages=tuning.num_stages)
 
 
