@@ -66,9 +66,10 @@ def main(argv=None) -> int:
                                      dot_precision="default", interpret=interpret_mode(),
                                      common=common)
     X = jnp.concatenate([x["q"], x["k"]], axis=1).transpose(0, 2, 1, 3).astype(jnp.float32)
-    stream_launch = (128, 4, 64, 2)
     rings = tuple(getattr(cache, name) for name in replay_kernels.RING_NAMES)
     tuning = bk.kernels_for("pallas").replay_tuning(g.head_v_dim, T, B)
+    # The K-loop at the shipped stream's launch (read_ceiling's (block_v, warps, k_chunk, stages)).
+    stream_launch = (tuning.block_v, tuning.num_warps, tuning.k_chunk, tuning.num_stages)
 
     # Each case maps (rings, last output) to the same: the rings are donated, so the kernels
     # that write them in place copy nothing.
