@@ -124,10 +124,12 @@ def _interpret(launch: Launch, *arrays: np.ndarray) -> list[np.ndarray]:
 
 @contextlib.contextmanager
 def _interpreter_fixes():
-  """Two differences of Triton 3.6's interpreter from the GPU, mended for the run.
+  """Three differences of Triton 3.6's interpreter from the GPU, mended for the run.
 
   - fp32 -> bf16 casts: the GPU rounds to nearest even (``cvt.rn.bf16.f32``); the interpreter
     truncates (its default rounding reaches it as None).
+  - ``tl.dot`` of bf16 operands: the interpreter keeps bf16 as its bits in uint16 and multiplies
+    those; the GPU multiplies the values (exactly, into an fp32 accumulator), as fp32 does here.
   - A loop bound loaded from memory (``range(count)``) is a 1-element array, which NumPy >= 2.5
     no longer converts with ``int()``.
   """
@@ -135,6 +137,7 @@ def _interpreter_fixes():
   from triton.runtime import interpreter
 
   builder, fp_trunc = interpreter.interpreter_builder, interpreter.interpreter_builder.create_fp_trunc
+  create_dot = builder.create_dot
   patch_lang_tensor = interpreter._patch_lang_tensor
 
   def fp_trunc_rtne(src, dst_type):
@@ -143,16 +146,22 @@ def _interpreter_fixes():
       return interpreter.TensorHandle(data, dst_type.scalar)
     return fp_trunc(src, dst_type)
 
+  def create_dot_of_values(a, b, d, *args):
+    a, b = (builder.create_fp_ext(x, tl.float32) if x.dtype.scalar == tl.bfloat16 else x
+            for x in (a, b))
+    return create_dot(a, b, d, *args)
+
   def patch_lang_tensor_with_index(tensor, scope):
     patch_lang_tensor(tensor, scope)
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
   builder.create_fp_trunc = fp_trunc_rtne
+  builder.create_dot = create_dot_of_values
   interpreter._patch_lang_tensor = patch_lang_tensor_with_index
   try:
     yield
   finally:
-    del builder.create_fp_trunc
+    del builder.create_fp_trunc, builder.create_dot
     interpreter._patch_lang_tensor = patch_lang_tensor
 
 

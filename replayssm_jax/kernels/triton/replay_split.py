@@ -9,8 +9,9 @@ full) in two launches:
    the small matrices ``[Dh; Oh]`` (``[2, T, LP]``), ``(P, Dy, M)`` (``[3, T, T]``) and ``eq``
    (``[T]``) into fp32 scratch, ``Dy`` and ``eq`` already scaled by the inverse norms of the
    raw window (``Y`` below is of the raw q and k); it writes the window's k_hat, raw k, g and
-   beta records. The window is held in ``TQ = next_power_of_two(T)`` rows and every product is
-   written out in exact fp32: a tensor-core tile (16 rows) costs more than it saves here.
+   beta records. The window is held in ``TQ = next_power_of_two(T)`` rows and its own products
+   are written out in exact fp32 (a 16-row tensor-core tile costs more than it saves there);
+   the key history products are one tensor-core dot of the raw window (`KEY_MMA_MIN_ROWS`).
 2. `_stream_kernel`, grid (V // BV, HV, B): ``Y = X S0^T`` for ``X = [q; k]`` raw, stacked in
    one tile, over a loop of K-chunks that Triton software-pipelines (``num_stages``), then
 
@@ -28,7 +29,7 @@ window rows, ``LP = max(16, L)`` history rows); in both kernels window rows past
 from token T - 1 and zeroed with ``tl.where``, history rows by their logical index, as in
 `replay_verify`'s UT kernel, so no stale or NaN entry reaches a product.
 
-H200 (benchmarks/NOTES.md runs 29-30): B=256 234.2 us (coefficients 47.3, stream 186.4) against
+H200 (benchmarks/NOTES.md runs 29-31): B=256 215.4 us (coefficients 32, stream 184-187) against
 the UT form's 501.2; the Pallas split form takes 177.
 """
 
@@ -64,6 +65,14 @@ COEFFICIENT_WARPS = 1
 # [TQ, TQ]): at T=16, L=32 8192 spills (sm_90 compile: 1148 spill stores), 4096 does not.
 INLINE_PRODUCT = {1: 8192, 2: 8192, 4: 8192}
 INLINE_PRODUCT_WIDE = 4096
+# The key history products ``X K_hist^T`` on the tensor cores from windows of this many rows
+# (``dot_precision`` other than "ieee"): one [XP, KC] x [KC, LP] dot of the raw window, exact
+# products for bf16 activations and rings, in place of two written-out ``[TQ, LP, KC]`` products
+# whose sums over K are warp shuffles (944 SHFL, 4840 instructions a program at T=4, sm_90
+# compile; 3136 and 323 with the dot). Single rows (decode) stay written out, as in the Pallas
+# kernel (`replay_split.COEFFICIENT_KEY_MMA`). H200, T=4 (benchmarks/NOTES.md run 31): the
+# kernel at B=256 47.0 -> 32.0 us, B=64 13.8 -> 12.8.
+KEY_MMA_MIN_ROWS = 2
 # The stream epilogue's products with its [T, T] coefficients and eq (P v, Dy Y, Eq Y, M D),
 # padded to 16-row tiles: "ieee" lowers them to CUDA-core FMA loops, 1024 a thread, about 44% of
 # the stream's instructions; "tf32x3" runs each as three tf32 MMAs (fp32-level error, after the
@@ -81,6 +90,27 @@ def _history_rows(write_pos, cache_base, L: tl.constexpr, LP: tl.constexpr):
   p = tl.arange(0, LP)
   logical = (p - cache_base) & (L - 1)
   return p, tl.minimum(p, L - 1), (p < L) & (logical < write_pos)
+
+
+@triton.jit
+def _stacked_window(q_row, k_row, T: tl.constexpr, XP: tl.constexpr, H: tl.constexpr,
+                    K: tl.constexpr, k_cols):
+  """``(x_ptrs, x_in, x_rows)`` of the raw window stacked in XP rows, ``X = [q; k]``: q's tokens
+  from row 0, k's from row XP / 2; ``x_ptrs`` the ``[XP, KC]`` pointers of K-chunk 0 (rows past
+  T read token T - 1), ``x_in`` the rows that hold a token."""
+  x_rows = tl.arange(0, XP)
+  x_tok = tl.where(x_rows < XP // 2, x_rows, x_rows - XP // 2)
+  x_ptrs = (tl.where(x_rows < XP // 2, q_row, k_row)[:, None]
+            + tl.minimum(x_tok, T - 1)[:, None] * (H * K) + k_cols[None, :])
+  return x_ptrs, x_tok < T, x_rows
+
+
+@triton.jit
+def _stacked_rows(Y, first, s, x_rows):
+  """Rows ``first + s`` of ``Y`` (``[XP, N]``, rows ``x_rows``) as a ``[len(s), N]`` tile,
+  picked exactly (Triton cannot slice a tile's rows)."""
+  pick = x_rows[None, :, None] == (first + s)[:, None, None]
+  return tl.sum(tl.where(pick, Y[None, :, :], 0.0), axis=1)
 
 
 @triton.jit
@@ -105,12 +135,14 @@ def _coefficients_kernel(
     zt_ptr,  # [B, HV, 3, T, T] f32: P, Dy (scaled by s_k), M
     eq_ptr,  # [B, HV, T] f32: eq (scaled by s_q)
     ring_k_ptr, ring_g_ptr, ring_beta_ptr, ring_rawk_ptr,
-    T: tl.constexpr, TQ: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, H: tl.constexpr,
-    HV: tl.constexpr, K: tl.constexpr, KC: tl.constexpr,
+    T: tl.constexpr, TQ: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KC: tl.constexpr, KEY_MMA: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-  """The window in ``TQ = next_power_of_two(T)`` rows, every product written out in exact
+  """The window in ``TQ = next_power_of_two(T)`` rows, its own products written out in exact
   fp32 (`_inline_nt`), K-chunks small enough that a ``[TQ, LP, KC]`` product stays in
-  registers."""
+  registers. With ``KEY_MMA`` the key history products are one tensor-core dot of the raw
+  window stacked in XP rows, ``[q; k] K_hist^T``, whose rows are then scaled by the norms."""
   kh, row = tl.program_id(0), tl.program_id(1)
   slot = tl.load(slot_ids_ptr + row).to(tl.int64)
   if slot >= 0:  # padding rows: the stream reads none of this
@@ -130,13 +162,23 @@ def _coefficients_kernel(
     # Pass 2: the products over K, chunk by chunk, and the window's key records.
     XK_q, XK_k = tl.zeros((TQ, LP), tl.float32), tl.zeros((TQ, LP), tl.float32)
     qk, kk = tl.zeros((TQ, TQ), tl.float32), tl.zeros((TQ, TQ), tl.float32)
+    x_ptrs, x_in, x_rows = _stacked_window(q_row, k_row, T, XP, H, K, k_cols)
+    XK = tl.zeros((XP, LP), tl.float32)  # KEY_MMA: [q; k] K_hist^T, raw
     for c in range(0, K, KC):
       k_raw, q_hat, k_hat = window_chunk(q_row, k_row, window_keys + c, in_window, q_norm, k_norm,
                                          K)
       k_hist = tl.load(ring_k_in_ptr + key_head * K + history_keys + c)  # whole, then selected
-      k_hist = tl.where(valid[:, None], k_hist.to(tl.float32), 0.0)  # [LP, KC]
-      XK_q += _inline_nt(q_hat, k_hist)
-      XK_k += _inline_nt(k_hat, k_hist)
+      if KEY_MMA:  # bf16 operands as loaded, else fp32
+        k_hist = tl.where(valid[:, None], k_hist, 0.0)  # [LP, KC]
+        x = tl.where(x_in[:, None], tl.load(x_ptrs + c), 0.0)
+        if PRECISION == "bf16":
+          XK += mma(x, tl.trans(k_hist), PRECISION)
+        else:
+          XK += mma(x.to(tl.float32), tl.trans(k_hist.to(tl.float32)), PRECISION)
+      else:
+        k_hist = tl.where(valid[:, None], k_hist.to(tl.float32), 0.0)
+        XK_q += _inline_nt(q_hat, k_hist)
+        XK_k += _inline_nt(k_hat, k_hist)
       qk += _inline_nt(q_hat, k_hat)
       kk += _inline_nt(k_hat, k_hat)
       tl.store(ring_k_ptr + key_head * K + record_keys + c,
@@ -146,6 +188,9 @@ def _coefficients_kernel(
     one = tl.full((TQ,), 1.0, tl.float32)
     s_q = tl.where(in_window, tl.math.div_rn(one, q_norm) * (K ** -0.5), 0.0)
     s_k = tl.where(in_window, tl.math.div_rn(one, k_norm), 0.0)
+    if KEY_MMA:
+      XK_q = s_q[:, None] * _stacked_rows(XK, 0, s, x_rows)
+      XK_k = s_k[:, None] * _stacked_rows(XK, XP // 2, s, x_rows)
 
     window_t = in_window[:, None] & in_window[None, :]
     for i in tl.static_range(HV // H):  # the key head's value heads
@@ -193,6 +238,37 @@ def _load_window_square(ptr, src, in_window, T: tl.constexpr):
 
 
 @triton.jit
+def _window_coefficients(zh_ptr, zt_ptr, eq_ptr, out, s, in_window, src, x_rows, x_in,
+                         T: tl.constexpr, LP: tl.constexpr, XP: tl.constexpr):
+  """The (row, value head) ``out``'s coefficients from the scratch, as the stream's epilogue
+  multiplies them: ``Dh, Oh`` ``[TP, LP]``, ``P, M`` ``[TP, TP]``, and ``Eq, Dy`` ``[TP, XP]``,
+  which read Y's q rows (``eq`` as a diagonal) and its k rows (Dy)."""
+  Dh = _load_window_matrix(zh_ptr + out * 2 * T * LP, src, in_window, LP, tl.arange(0, LP))
+  Oh = _load_window_matrix(zh_ptr + (out * 2 + 1) * T * LP, src, in_window, LP,
+                           tl.arange(0, LP))
+  P = _load_window_square(zt_ptr + out * 3 * T * T, src, in_window, T)
+  M = _load_window_square(zt_ptr + (out * 3 + 2) * T * T, src, in_window, T)
+  x_src = tl.minimum(tl.where(x_rows < XP // 2, x_rows, x_rows - XP // 2), T - 1)
+  k_rows = (x_rows >= XP // 2) & x_in  # [XP]: Y's rows of k
+  eq = tl.load(eq_ptr + out * T + src)
+  Eq = tl.where(in_window[:, None] & (x_rows[None, :] == s[:, None]), eq[:, None], 0.0)
+  Dy = tl.where(in_window[:, None] & k_rows[None, :],
+                tl.load(zt_ptr + (out * 3 + 1) * T * T + src[:, None] * T + x_src[None, :]), 0.0)
+  return Dh, Oh, P, M, Eq, Dy
+
+
+@triton.jit
+def _window_values(ring_d_in_ptr, v_row, value_head, write_pos, cache_base, window_values,
+                   v_cols, L: tl.constexpr, LP: tl.constexpr, V: tl.constexpr):
+  """``(d_hist, v_raw)``: the value head's d history ``[LP, BV]`` in fp32 (zero where no
+  history) and the window's raw v ``[TP, BV]``."""
+  _, ring_rows, valid = _history_rows(write_pos, cache_base, L, LP)
+  d_hist = tl.load(ring_d_in_ptr + value_head * V + ring_rows[:, None] * V + v_cols[None, :],
+                   mask=valid[:, None], other=0.0).to(tl.float32)
+  return d_hist, tl.load(v_row + window_values)
+
+
+@triton.jit
 def _stream_kernel(
     # inputs
     slot_ids_ptr, write_pos_ptr, cache_base_ptr,  # [B] int32
@@ -227,31 +303,20 @@ def _stream_kernel(
              mask=in_window[:, None])
   else:
     write_pos, cache_base = tl.load(write_pos_ptr + row), tl.load(cache_base_ptr + row)
-    # The epilogue's loads, ahead of the loop's: their latency hides under the K-loop.
     value_head = (slot * HV + h) * L
-    p, ring_rows, valid = _history_rows(write_pos, cache_base, L, LP)
-    d_hist = tl.load(ring_d_in_ptr + value_head * V + ring_rows[:, None] * V + v_cols[None, :],
-                     mask=valid[:, None], other=0.0).to(tl.float32)  # [LP, BV]
-    v_raw = tl.load(v_row + window_values)
     out = row.to(tl.int64) * HV + h
-    Dh = _load_window_matrix(zh_ptr + out * 2 * T * LP, src, in_window, LP, p)
-    Oh = _load_window_matrix(zh_ptr + (out * 2 + 1) * T * LP, src, in_window, LP, p)
-    P = _load_window_square(zt_ptr + out * 3 * T * T, src, in_window, T)
-    M = _load_window_square(zt_ptr + (out * 3 + 2) * T * T, src, in_window, T)
-    x_rows = tl.arange(0, XP)  # X's rows: q's tokens, then from XP / 2 k's
-    x_tok = tl.where(x_rows < XP // 2, x_rows, x_rows - XP // 2)
-    x_src, x_in = tl.minimum(x_tok, T - 1), x_tok < T
-    k_rows = (x_rows >= XP // 2) & x_in  # [XP]: Y's rows of k
-    eq = tl.load(eq_ptr + out * T + src)
-    Eq = tl.where(in_window[:, None] & (x_rows[None, :] == s[:, None]), eq[:, None], 0.0)
-    Dy = tl.where(in_window[:, None] & k_rows[None, :],  # [TP, XP]: Dy at the k rows
-                  tl.load(zt_ptr + (out * 3 + 1) * T * T + src[:, None] * T + x_src[None, :]),
-                  0.0)
-
     k_cols = tl.arange(0, KC)
     q_row, k_row = q_ptr + (first * H + kh) * K, k_ptr + (first * H + kh) * K
-    x_ptrs = (tl.where(x_rows < XP // 2, q_row, k_row)[:, None] + x_src[:, None] * (H * K)
-              + k_cols[None, :])  # [XP, KC]: chunk 0
+    x_ptrs, x_in, x_rows = _stacked_window(q_row, k_row, T, XP, H, K, k_cols)
+    # The epilogue's loads ahead of the loop's: their latency hides under the K-loop, though
+    # the d history and v are staged into shared memory before the loop's first loads issue.
+    # H200, B=256 / 64 (benchmarks/NOTES.md run 31): 215.5 / 67.1 us; the d history and v after
+    # the loop 230.6 / 74.4, every load after it 238.5 / 74.5.
+    Dh, Oh, P, M, Eq, Dy = _window_coefficients(zh_ptr, zt_ptr, eq_ptr, out, s, in_window, src,
+                                                x_rows, x_in, T, LP, XP)
+    d_hist, v_raw = _window_values(ring_d_in_ptr, v_row, value_head, write_pos, cache_base,
+                                   window_values, v_cols, L, LP, V)
+
     checkpoint = ssm_ptr + (slot * HV + h) * V * K + v_cols[:, None] * K + k_cols[None, :]
     Y = tl.zeros((XP, BV), tl.float32)
     for c in range(0, K, KC):  # Y = X S0^T, chunk by chunk of K
@@ -283,26 +348,39 @@ def _dims(q, v, L: int) -> dict:
   return dict(T=T, L=L, LP=max(MIN_DOT, L), H=H, HV=v.shape[2], K=K)
 
 
+def _key_precision(q, ring_k, dot_precision: str) -> str:
+  """The key history dot's input precision: bf16 where the window and the key ring are bf16
+  (exact products, half the shared memory of tf32 operands), else ``dot_precision``'s."""
+  bf16 = jnp.dtype(q.dtype) == jnp.bfloat16 and jnp.dtype(ring_k.dtype) == jnp.bfloat16
+  return "bf16" if bf16 and dot_precision != "ieee" else INPUT_PRECISION[dot_precision]
+
+
 def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log, dt_bias,
-                        slot_ids, write_pos, cache_base) -> Launch:
+                        slot_ids, write_pos, cache_base, *, dot_precision: str) -> Launch:
   """The coefficients kernel's launch: outputs ``(zh, zt, eq, ring_k, ring_g, ring_beta,
-  ring_rawk)``, the rings in place. Its products are exact fp32 at any ``dot_precision``."""
+  ring_rawk)``, the rings in place. The window's own products are exact fp32 at any
+  ``dot_precision``; the key history products take it (`KEY_MMA`)."""
   dims = _dims(q, v, ring_g.shape[-1])
   B, T = q.shape[:2]
   TQ = next_power_of_two(T)
-  # K-chunks of at most INLINE_PRODUCT elements of a [TQ, LP, KC] product.
+  key_mma = TQ >= KEY_MMA_MIN_ROWS and dot_precision != "ieee"
+  # K-chunks of at most INLINE_PRODUCT elements of the largest written-out product: [TQ, LP, KC]
+  # of the key history, or with KEY_MMA [TQ, TQ, KC] of the window and a tl.dot's 16.
   product = INLINE_PRODUCT.get(TQ, INLINE_PRODUCT_WIDE)
-  kc = min(dims["K"], max(1, product // (TQ * dims["LP"])))
+  kc = (max(MIN_DOT, product // (TQ * TQ)) if key_mma
+        else max(1, product // (TQ * dims["LP"])))
+  kc = min(dims["K"], kc)
   return Launch(
       kernel=_coefficients_kernel,
-      name=f"triton_replay_coefficients_T{T}_kc{kc}",
+      name=f"triton_replay_coefficients_T{T}_kc{kc}{'_mma' if key_mma else ''}",
       grid=(dims["H"], B),
       inputs=dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, a=a,
                   b=b, A_log=A_log, dt_bias=dt_bias, ring_k=ring_k, ring_g=ring_g,
                   ring_beta=ring_beta, ring_rawk=ring_rawk),
       outputs=dict(**_scratch(B, T, dims["HV"], dims["LP"]), ring_k="ring_k", ring_g="ring_g",
                    ring_beta="ring_beta", ring_rawk="ring_rawk"),
-      constexprs=dict(dims, TQ=TQ, KC=kc),
+      constexprs=dict(dims, TQ=TQ, XP=max(MIN_DOT, 2 * TQ), KC=kc, KEY_MMA=key_mma,
+                      PRECISION=_key_precision(q, ring_k, dot_precision)),
       num_warps=COEFFICIENT_WARPS, num_stages=1)
 
 
@@ -336,7 +414,8 @@ def split_launches(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   """Both launches from shapes (`compile_check`): the coefficients', then the stream's on
   scratch of the shapes the first writes."""
   coefficients = coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log,
-                                     dt_bias, slot_ids, write_pos, cache_base)
+                                     dt_bias, slot_ids, write_pos, cache_base,
+                                     dot_precision=dot_precision)
   zh, zt, eq = coefficients.out_shapes()[:3]
   return coefficients, stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids,
                                      write_pos, cache_base, L=ring_g.shape[-1], tuning=tuning,
@@ -351,7 +430,7 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   ring_rawv)``. ``tuning`` is the stream's. Inputs are checked by the caller."""
   zh, zt, eq, ring_k, ring_g, ring_beta, ring_rawk = run(coefficients_launch(
       ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos,
-      cache_base))
+      cache_base, dot_precision=dot_precision))
   o, ring_d, ring_rawv = run(stream_launch(
       ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_pos, cache_base,
       L=ring_g.shape[-1], tuning=tuning, dot_precision=dot_precision))
