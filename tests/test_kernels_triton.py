@@ -196,7 +196,7 @@ def test_replay_form_and_knobs():
   inp = replay_tests.make_inputs(c)
   assert replay_form(1) == "vec" and replay_form(4) == "ut"
   assert replay_form(4, 16) == "split" and replay_form(4, 15) == "ut"
-  assert replay_form(1, 512) == "vec"  # decode keeps the vector form (NOTES run 29)
+  assert replay_form(1, 64) == "split" and replay_form(1, 63) == "vec"  # decode: NOTES run 31
   with pytest.raises(ValueError, match="the split form's tl.dot needs block_v"):
     triton_kernels.replay_verify(**inp, tuning=KernelTuning(block_v=8), dot_precision="ieee",
                                  form="split")

@@ -71,8 +71,11 @@ FORMS = ("ut", "vec", "split")
 # the one-kernel forms here. H200, 10 reps (benchmarks/NOTES.md run 29): a window at B=256 / 16
 # in 257.7 / 37.0 us against the UT form's 501.2 / 46.0 (B=64 split 89.1 and B=32 63.8, with a
 # coefficients kernel twice as slow as today's, against 139.0 and 75.3); decode at B=256 / 32 /
-# 16 in 216.9 / 43.2 / 29.8 against the vector form's 220.6 / 39.6 / 25.1: even at best.
-SPLIT_MIN_BATCH = {"window": 16, "decode": None}
+# 16 in 216.9 / 43.2 / 29.8 against the vector form's 220.6 / 39.6 / 25.1: even at best. With
+# the split stream's epilogue on the tensor cores (run 30), the decode cycle (L=16, in phase) at
+# B=256 / 64 / 32 / 16 in 242.9 / 72.8 / 45.0 / 27.0 us against 269.1 / 78.5 / 43.9 / 23.2
+# (run 31), so decode takes the split form from 64 rows.
+SPLIT_MIN_BATCH = {"window": 16, "decode": 64}
 
 
 def replay_form(T: int, B: int | None = None) -> str:
