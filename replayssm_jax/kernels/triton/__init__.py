@@ -6,9 +6,9 @@ nothing written) as the Pallas kernels, so `replayssm_jax.ssm` dispatches to the
 - `recurrent_verify`, `recurrent_decode` (`recurrent`): the backend's baseline;
 - `fold` (`fold`): the exact fold, bitwise equal to the recurrent verify by construction (one
   shared step function in `tile`, one `KernelTuning`);
-- `replay_verify` (`replay_verify`): a window in the split form (`replay_split`: coefficients,
-  then a pipelined checkpoint stream) from 16 rows, below that in the UT form (any T <= 16);
-  decode (T = 1) in the dot-free vector form.
+- `replay_verify` (`replay_verify`): the split form (`replay_split`: coefficients, then a
+  pipelined checkpoint stream) for a window from 16 rows and for decode (T = 1) from 64;
+  below, a window in the UT form (any T <= 16), decode in the dot-free vector form.
 
 `launch` runs a kernel through `jax_triton.triton_call` on a GPU, through Triton's interpreter
 under ``TRITON_INTERPRET=1`` (CPU tests), or compiles it for sm_90 without a GPU
@@ -17,7 +17,7 @@ extra (``jax-triton``, ``triton``).
 
 Status: passes the GPU tests of the Pallas kernels on an H200 (2026-11-30, again 2026-12-04
 with the split form: jax 0.11.2, triton 3.6, jax-triton 0.3.1), with the fold bitwise equal to
-the recurrent verify at every launch swept; timings in benchmarks/NOTES.md (runs 5, 29, 30).
+the recurrent verify at every launch swept; timings in benchmarks/NOTES.md (runs 5, 29-31).
 """
 
 from __future__ import annotations
