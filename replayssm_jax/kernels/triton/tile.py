@@ -17,7 +17,10 @@ axis 1) and then the KC axis (4 in-thread, then ``log2(KC // 4)`` shuffle rounds
 one shuffle round per row instead of the 5 of a ``[BV, 128]`` tile with 32 lanes along K
 (benchmarks/NOTES.md, run 3: the fold is bound by those shuffles; K-chunks of 32 cut it 24%
 in run 4). The cost is registers: a thread holds its rows' 4 * NC state elements and the same
-number of elements of each K-vector (k_hat, q_hat).
+number of elements of each K-vector (k_hat, q_hat). That order of the two strided axes is a
+tie-break of Triton's: 3.6 (the H200's, where everything was measured) keeps it; 3.9 puts the
+lanes on NC, a whole warp's shuffles per K-sum (tests/test_kernels_triton.py,
+``test_state_tile_keeps_its_chunks_in_registers``, an expected failure there).
 
 The K-vectors of a token (q, k, raw k) are loaded straight into the tile's layout: a
 ``[BV, NC, KC]`` broadcast load of the one vector (every V-row of the tile reads the same
@@ -69,6 +72,10 @@ if INTERPRET:
     u = 1.0 + x
     return tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
 
+  @triton.jit
+  def prefetch(ptrs, LEVEL: tl.constexpr):
+    pass  # a cache hint only: the interpreter has no caches (nor inline PTX)
+
 else:
   from triton.language.extra import libdevice
 
@@ -79,6 +86,20 @@ else:
   @triton.jit
   def log1p(x):
     return libdevice.log1p(x)
+
+  @triton.jit
+  def prefetch(ptrs, LEVEL: tl.constexpr):
+    """Ask cache ``LEVEL`` ("L1" or "L2") for the line of every pointer of ``ptrs``.
+
+    No register receives a value and nothing waits (``prefetch.global``); not pure, so the
+    compiler keeps it though its dummy result is unused.
+    """
+    if LEVEL == "L1":
+      tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                dtype=tl.int32, is_pure=False, pack=1)
+    else:
+      tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -146,9 +167,17 @@ def load_normalized(ptr, rows, cols, K: tl.constexpr):
   of the reference's ``x / n``; the fold and the recurrent kernels share it, so the bitwise tie
   holds.
   """
-  x = tl.load(ptr + tl.arange(0, K)).to(tl.float32)
-  inv_norm = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x * x, axis=0) + L2_EPS))
+  # The norm before the broadcast load: the other way round, the recurrent verify held both
+  # at once (254 registers with triton 3.9) and took 854 us against 735 (H200, NOTES run 32).
+  inv_norm = inverse_norm(ptr, K)
   return load_vector(ptr, rows, cols) * inv_norm
+
+
+@triton.jit
+def inverse_norm(ptr, K: tl.constexpr):
+  """``1 / sqrt(|x|^2 + eps)`` of the K-vector at ``ptr``, from one compact ``[K]`` load."""
+  x = tl.load(ptr + tl.arange(0, K)).to(tl.float32)
+  return tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x * x, axis=0) + L2_EPS))
 
 
 @triton.jit
