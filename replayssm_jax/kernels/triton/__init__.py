@@ -17,7 +17,7 @@ extra (``jax-triton``, ``triton``).
 
 Status: passes the GPU tests of the Pallas kernels on an H200 (2026-11-30, again 2026-12-04
 with the split form: jax 0.11.2, triton 3.6, jax-triton 0.3.1), with the fold bitwise equal to
-the recurrent verify at every launch swept; timings in benchmarks/NOTES.md (runs 5, 29-31).
+the recurrent verify at every launch swept; timings in benchmarks/NOTES.md (runs 5, 29-32).
 """
 
 from __future__ import annotations
