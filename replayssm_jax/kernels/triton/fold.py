@@ -30,7 +30,7 @@ from replayssm_jax.kernels.triton.recurrent import check_tuning
 # 18 and 24); none changes a bit. A program asks L1 for all its records when it starts
 # (`FOLD_PREFETCH_RECORDS`), so the loop's loads find them there; record i + 1's norm, v, g and
 # beta are loaded right after record i's update (`FOLD_RECORD_AHEAD`; loaded before it, the
-# kernel took 255 registers locally, 168 after); `FOLD_TILE_AHEAD` asks L2 for the checkpoint
+# kernel took 255 registers with triton 3.9, 168 after); `FOLD_TILE_AHEAD` asks L2 for the checkpoint
 # tile of the program that many launches later. H200, 12 records (NOTES run 32): B=256 613 ->
 # 512 us with the records in L1, 472 with them loaded ahead too (B=64 167 -> 140 -> 130); the
 # tile 132 ahead, worth 11 us to the Pallas fold, gained nothing (515 against 512, 472 against
@@ -185,7 +185,8 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   ``prefetch_records`` asks L1 for all of a program's records when it starts (default
   `FOLD_PREFETCH_RECORDS`); ``tile_ahead`` asks L2 for the checkpoint tile of the program that
   many launches later, 0 for none (default `FOLD_TILE_AHEAD`); ``record_ahead`` loads record
-  i + 1's norm, v, g and beta before record i's update (default `FOLD_RECORD_AHEAD`).
+  i + 1's norm, v, g and beta right after record i's update, not where used (default
+  `FOLD_RECORD_AHEAD`).
   """
   pallas_fold._check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
                             cache_base)
