@@ -7,23 +7,24 @@ with the same launch parameters (block_v, k_chunk, num_warps), which is what kee
 checkpoint bitwise equal to the recurrent state (DESIGN section 4).
 
 State tile layout (`state_offsets`). A program owns ``S = ssm[slot, h, j*BV:(j+1)*BV, :]``
-(``[BV, K]``, K contiguous in memory), held as a 3-D tensor ``[BV, NC, KC]`` with
-``NC = K // KC`` chunks of ``KC = min(k_chunk, K)``. Triton gives a tensor the layout of its
-coalesced loads: 4 fp32 (16 bytes) per thread along the contiguous axis, then lanes along that
-axis (``KC // 4`` of them), then lanes along the next axis in its order, which for a 3-D tile
-is axis 0 (BV) before axis 1 (NC). So the chunk axis NC stays in registers, and a product
-``S x = sum_k S[:, k] x[k]`` (`matvec`) adds the NC chunks in-thread first (``tl.sum`` over
-axis 1) and then the KC axis (4 in-thread, then ``log2(KC // 4)`` shuffle rounds): with KC = 8,
-one shuffle round per row instead of the 5 of a ``[BV, 128]`` tile with 32 lanes along K
-(benchmarks/NOTES.md, run 3: the fold is bound by those shuffles; K-chunks of 32 cut it 24%
-in run 4). The cost is registers: a thread holds its rows' 4 * NC state elements and the same
-number of elements of each K-vector (k_hat, q_hat). That order of the two strided axes is a
-tie-break of Triton's: 3.6 (the H200's, where everything was measured) keeps it; 3.9 puts the
-lanes on NC, a whole warp's shuffles per K-sum (tests/test_kernels_triton.py,
-``test_state_tile_keeps_its_chunks_in_registers``, an expected failure there).
+(``[BV, K]``, K contiguous in memory), held as a 3-D tensor of ``NC = K // KC`` chunks of
+``KC = min(k_chunk, K)``. Triton gives a tensor the layout of its coalesced loads: 4 fp32 (16
+bytes) per thread along the contiguous axis, then lanes along that axis (``KC // 4`` of them),
+then lanes along the next axis in its order. The rows (stride K) and the chunks (stride KC)
+tie there, and Triton breaks the tie toward the lower axis up to 3.6 and toward the higher one
+from 3.7, so the tile is ``[BV, NC, KC]`` up to 3.6 and ``[NC, BV, KC]`` from 3.7
+(`CHUNKS_FIRST`): either way the lanes go to the rows and the chunk axis stays in registers
+(sm_90 compiles, NOTES run 32: the other order puts lanes on the chunks, 230 shuffles a fold
+record instead of 10, 168 registers instead of 127). A product ``S x = sum_k S[:, k] x[k]``
+(`matvec`) adds the NC chunks in-thread first and then the KC axis (4 in-thread, then
+``log2(KC // 4)`` shuffle rounds): with KC = 8, one shuffle round per row instead of the 5 of
+a ``[BV, 128]`` tile with 32 lanes along K (benchmarks/NOTES.md, run 3: the fold is bound by
+those shuffles; K-chunks of 32 cut it 24% in run 4). The cost is registers: a thread holds
+its rows' 4 * NC state elements and the same number of elements of each K-vector (k_hat,
+q_hat). Every timing is of triton 3.6, the H200's.
 
 The K-vectors of a token (q, k, raw k) are loaded straight into the tile's layout: a
-``[BV, NC, KC]`` broadcast load of the one vector (every V-row of the tile reads the same
+broadcast load of the one vector in the tile's shape (every V-row of the tile reads the same
 addresses, served by L1) with the contiguity capped at 4 elements (`tl.max_contiguous`). A
 bf16 vector then gets the same layout as the fp32 tile (an uncapped bf16 load takes 8
 elements per thread, a different layout, and Triton would convert the state tile to it in
@@ -58,6 +59,10 @@ INTERPRET = bool(triton.knobs.runtime.interpret)  # read by triton.jit at import
 L2_EPS = tl.constexpr(reference.L2_EPS)
 SOFTPLUS_THRESHOLD = tl.constexpr(reference.SOFTPLUS_THRESHOLD)
 VECTOR_WIDTH = tl.constexpr(4)  # elements per thread along K: 16 bytes of fp32
+# The state tile's chunk axis: 1 (``[BV, NC, KC]``) up to triton 3.6, 0 (``[NC, BV, KC]``) from
+# 3.7, so that it stays in registers (module docstring).
+CHUNKS_FIRST = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 7)
+CHUNK_AXIS = tl.constexpr(0 if CHUNKS_FIRST else 1)
 # Triton's enable_fp_fusion for the kernels of the bitwise tie (recurrent, fold): off.
 FP_FUSION = False
 
@@ -120,22 +125,26 @@ def gating(a, b, A_log, dt_bias):
 
 @triton.jit
 def state_offsets(BV: tl.constexpr, K: tl.constexpr, KC: tl.constexpr):
-  """Offsets of the chunked tile: rows ``[BV, 1, 1]`` (times K) and columns ``[1, NC, KC]``.
+  """Offsets of the chunked tile: rows (times K) along axis 0 and columns ``c * KC + e`` along
+  axes `CHUNK_AXIS` (c) and 2 (e), or the other way round from triton 3.7 (`CHUNKS_FIRST`).
 
-  Element ``(v, c, e)`` of a tile is column ``c * KC + e`` of row v; ``row * K + col`` addresses
-  a ``[BV, K]`` block of a row-major array.
+  Element ``(v, c, e)`` (``(c, v, e)``) of a tile is column ``c * KC + e`` of row v;
+  ``row * K + col`` addresses a ``[BV, K]`` block of a row-major array.
   """
   NC: tl.constexpr = K // KC
   VW: tl.constexpr = min(VECTOR_WIDTH, KC)
-  rows = tl.arange(0, BV)[:, None, None]
+  if CHUNK_AXIS == 0:
+    rows = tl.arange(0, BV)[None, :, None]
+  else:
+    rows = tl.arange(0, BV)[:, None, None]
   e = tl.max_contiguous(tl.arange(0, KC)[None, None, :], [1, 1, VW])
-  cols = tl.arange(0, NC)[None, :, None] * KC + e
-  return rows * K, cols
+  chunks = tl.expand_dims(tl.expand_dims(tl.arange(0, NC), 1), 1 - CHUNK_AXIS)
+  return rows * K, chunks * KC + e
 
 
 @triton.jit
 def load_tile(ptr, rows, cols):
-  """The fp32 state tile ``[BV, NC, KC]`` at ``ptr`` (row stride K)."""
+  """The fp32 state tile at ``ptr`` (row stride K), in `state_offsets`' axes."""
   return tl.load(ptr + (rows + cols))
 
 
@@ -146,14 +155,14 @@ def store_tile(ptr, rows, cols, S):
 
 @triton.jit
 def load_vector(ptr, rows, cols):
-  """The K-vector at ``ptr`` in fp32, broadcast to every row of the tile: ``[BV, NC, KC]``."""
+  """The K-vector at ``ptr`` in fp32, broadcast to every row of the tile (its shape)."""
   return tl.load(ptr + (rows * 0 + cols)).to(tl.float32)
 
 
 @triton.jit
 def matvec(S, x):
   """``S x`` over K for a chunked tile and a chunked vector: ``[BV]``, chunks added first."""
-  return tl.sum(tl.sum(S * x, axis=1), axis=1)
+  return tl.sum(tl.sum(S * x, axis=CHUNK_AXIS), axis=1)
 
 
 @triton.jit
@@ -189,5 +198,6 @@ def delta_rule_step(S, k_hat, v, g, beta):
   """
   S = S * exp(g)
   d = beta * (v - matvec(S, k_hat))
-  S = tl.fma(tl.broadcast_to(d[:, None, None], S.shape), k_hat, S)  # explicit: FP_FUSION is off
+  d_rows = tl.expand_dims(tl.expand_dims(d, 1), CHUNK_AXIS)  # [BV] along the tile's rows
+  S = tl.fma(tl.broadcast_to(d_rows, S.shape), k_hat, S)  # explicit: FP_FUSION is off
   return S, d
