@@ -328,10 +328,10 @@ def tile_shape(block_v: int, k_chunk: int, K: int = 128) -> str:
   return "x".join(map(str, dims[::-1] if tile.CHUNKS_FIRST else dims)) + f"x{k_chunk}"
 
 
-def state_layouts(ttgir: str, tile_shape: str) -> set[str]:
+def state_layouts(ttgir: str, shape: str) -> set[str]:
   """The layouts of every fp32 tensor of the state tile's shape (`tile_shape`) in TTGIR."""
   definitions = dict(re.findall(r"^(#[\w]+) = (.*)$", ttgir, re.M))
-  used = set(re.findall(rf"tensor<{tile_shape}xf32, (#\w+)>", ttgir))
+  used = set(re.findall(rf"tensor<{shape}xf32, (#\w+)>", ttgir))
   return {definitions.get(u, u) for u in used}
 
 

@@ -125,8 +125,8 @@ def gating(a, b, A_log, dt_bias):
 
 @triton.jit
 def state_offsets(BV: tl.constexpr, K: tl.constexpr, KC: tl.constexpr):
-  """Offsets of the chunked tile: rows (times K) along axis 0 and columns ``c * KC + e`` along
-  axes `CHUNK_AXIS` (c) and 2 (e), or the other way round from triton 3.7 (`CHUNKS_FIRST`).
+  """Offsets of the chunked tile: the rows (times K) along axis ``1 - CHUNK_AXIS``, the columns
+  ``c * KC + e`` along axes `CHUNK_AXIS` (c) and 2 (e).
 
   Element ``(v, c, e)`` (``(c, v, e)``) of a tile is column ``c * KC + e`` of row v;
   ``row * K + col`` addresses a ``[BV, K]`` block of a row-major array.
