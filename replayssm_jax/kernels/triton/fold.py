@@ -30,7 +30,7 @@ from replayssm_jax.kernels.triton.recurrent import check_tuning
 # 18 and 24); none changes a bit. A program asks L1 for all its records when it starts
 # (`FOLD_PREFETCH_RECORDS`), so the loop's loads find them there; record i + 1's norm, v, g and
 # beta are loaded right after record i's update (`FOLD_RECORD_AHEAD`; loaded before it, the
-# kernel took 255 registers with triton 3.9, 168 after); `FOLD_TILE_AHEAD` asks L2 for the checkpoint
+# kernel takes 168 registers with triton 3.6, 127 after); `FOLD_TILE_AHEAD` asks L2 for the checkpoint
 # tile of the program that many launches later. H200, 12 records (NOTES run 32): B=256 613 ->
 # 512 us with the records in L1, 472 with them loaded ahead too (B=64 167 -> 140 -> 130); the
 # tile 132 ahead, worth 11 us to the Pallas fold, gained nothing (515 against 512, 472 against

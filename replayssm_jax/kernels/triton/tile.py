@@ -176,8 +176,9 @@ def load_normalized(ptr, rows, cols, K: tl.constexpr):
   of the reference's ``x / n``; the fold and the recurrent kernels share it, so the bitwise tie
   holds.
   """
-  # The norm before the broadcast load: the other way round, the recurrent verify held both
-  # at once (254 registers with triton 3.9) and took 854 us against 735 (H200, NOTES run 32).
+  # The norm before the broadcast load: the other way round, the recurrent verify holds both
+  # at once (230 registers with triton 3.6, 157 this way) and took 854 us against 735 (H200,
+  # NOTES run 32).
   inv_norm = inverse_norm(ptr, K)
   return load_vector(ptr, rows, cols) * inv_norm
 
