@@ -368,24 +368,6 @@ def test_stream_early_same_bits(c: Case, interpret):
       np.testing.assert_array_equal(bits(x), bits(y), err_msg=f"{early}: {name}")
 
 
-@pytest.mark.parametrize("c", [CASES[0], CASES[7]], ids=[CASES[0].id, CASES[7].id])
-def test_stream_prefetch_same_bits(c: Case, interpret):
-  """The stream programs' L2 prefetches of a checkpoint tile, their own or a later program's
-  (`replay_split.STREAM_PREFETCH_TILE`), are hints: the outputs and every ring bitwise those
-  without, NaN-poisoned entries included, the padding row's programs too."""
-  if interpret:
-    pytest.skip("the prefetches are issued only by a compiled kernel")
-  inp = make_inputs(c, seed=7)
-  run = lambda: replay_split.replay_verify_split(
-      **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
-      interpret=interpret)
-  outs = {tile: _under_knob(replay_split, "STREAM_PREFETCH_TILE", tile, run)
-          for tile in (None, 0, 3, "bulk")}
-  for tile, out in outs.items():
-    for name, x, y in zip(("o", *RING_NAMES), outs[None], out):
-      np.testing.assert_array_equal(bits(x), bits(y), err_msg=f"{tile}: {name}")
-
-
 def _flush_some_rows(inp, c: Case):
   """Cursors of a step in which the rows with a full ring (write_pos L - T) fold their history
   first: per row the records to fold, their first ring index, and the cursors the window then

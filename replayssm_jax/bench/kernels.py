@@ -341,16 +341,6 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
         yield name, -1, L_dec, t.per_call(steps), model / steps
 
 
-def _programs_or_none(text: str) -> int | None:
-  """A distance in programs (0: the program's own), or ``none`` (``--stream-prefetch-tile``)."""
-  if text.lower() in ("none", "bulk"):
-    return None if text.lower() == "none" else "bulk"
-  programs = int(text)
-  if programs < 0:
-    raise argparse.ArgumentTypeError(f"{text!r}: give programs >= 0 or 'none'.")
-  return programs
-
-
 def _rows_or_none(text: str) -> int | None:
   """A batch size, or ``none`` (argparse type of ``--triton-split-min-batch``)."""
   if text.lower() == "none":
@@ -425,11 +415,6 @@ def main(argv=None) -> int:
                  default=replay_split.STREAM_EARLY,
                  help="what of the split verify stream's epilogue comes before its K-loop "
                       "(kernels.replay_split.STREAM_EARLY)")
-  p.add_argument("--stream-prefetch-tile", type=_programs_or_none,
-                 default=replay_split.STREAM_PREFETCH_TILE, metavar="PROGRAMS",
-                 help="the checkpoint tile a split verify stream program asks L2 for when it "
-                      "starts: its own (0), the program's this many launches later, or none "
-                      "(kernels.replay_split.STREAM_PREFETCH_TILE and its triton twin)")
   args = p.parse_args(argv)
   fuse_fold_below = (dict(ssm.FUSE_FOLD_BELOW) if args.stream_fold is None
                      else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
@@ -455,8 +440,7 @@ def main(argv=None) -> int:
                 fold_prefetch_records_to=args.fold_prefetch_records_to,
                 fold_prefetch_tile_ahead=args.fold_prefetch_tile_ahead,
                 stream_fold_prefetch_records_to=args.stream_fold_prefetch_records_to,
-                stream_early=args.stream_early, stream_prefetch_tile=args.stream_prefetch_tile,
-                rows=rows)
+                stream_early=args.stream_early, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
@@ -474,13 +458,10 @@ def main(argv=None) -> int:
            (fold_kernels, "FOLD_PREFETCH_TILE_AHEAD"): args.fold_prefetch_tile_ahead,
            (replay_split, "STREAM_FOLD_PREFETCH_RECORDS_TO"):
                args.stream_fold_prefetch_records_to,
-           (replay_split, "STREAM_EARLY"): args.stream_early,
-           (replay_split, "STREAM_PREFETCH_TILE"): args.stream_prefetch_tile}
+           (replay_split, "STREAM_EARLY"): args.stream_early}
   if args.backend == "triton":
     # By sys.modules: the package's attribute of this name is the function, not the module.
     triton_forms = importlib.import_module("replayssm_jax.kernels.triton.replay_verify")
-    triton_split = importlib.import_module("replayssm_jax.kernels.triton.replay_split")
-    knobs[(triton_split, "STREAM_PREFETCH_TILE")] = args.stream_prefetch_tile
     if args.triton_split_min_batch is not None:
       knobs[(triton_forms, "SPLIT_MIN_BATCH")] = dict(
           zip(("window", "decode"), args.triton_split_min_batch))

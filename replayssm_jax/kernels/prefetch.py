@@ -53,25 +53,9 @@ def prefetch(ref, idx, *, level: str = "L1") -> None:
   """
   if level not in LEVELS:
     raise ValueError(f"prefetch: level={level!r}; expected one of {LEVELS}.")
-  _bind(ref, idx, level=level, nbytes=None)
-
-
-def prefetch_bulk(ref, idx, nbytes: int) -> None:
-  """Ask L2 for the ``nbytes`` bytes from the element ``ref[idx]`` on (GPU, compiled).
-
-  One ``cp.async.bulk.prefetch.L2`` (sm_90) from the program's thread 0: the copy engine
-  fetches the range, so no thread issues a prefetch a line. ``idx`` names one element;
-  ``nbytes`` is a multiple of 16 and the range lies in ``ref``.
-  """
-  if nbytes <= 0 or nbytes % 16:
-    raise ValueError(f"prefetch_bulk: nbytes={nbytes} must be a positive multiple of 16.")
-  _bind(ref, idx, level="L2", nbytes=nbytes)
-
-
-def _bind(ref, idx, *, level: str, nbytes: int | None) -> None:
   x_ref, transforms = state_primitives.get_ref_and_transforms(ref, idx, "prefetch")
   args_flat, args_tree = tree_util.tree_flatten((x_ref, transforms))
-  prefetch_p.bind(*args_flat, args_tree=args_tree, level=level, nbytes=nbytes)
+  prefetch_p.bind(*args_flat, args_tree=args_tree, level=level)
 
 
 def prefetch_lines(ref, lead: tuple, rows: jax.Array, start, size: int, *, level: str) -> None:
@@ -86,16 +70,15 @@ def prefetch_lines(ref, lead: tuple, rows: jax.Array, start, size: int, *, level
 
 
 @prefetch_p.def_effectful_abstract_eval
-def _prefetch_abstract_eval(*avals_flat, args_tree, level, nbytes):
-  del avals_flat, args_tree, level, nbytes
+def _prefetch_abstract_eval(*avals_flat, args_tree, level):
+  del avals_flat, args_tree, level
   # A write, though nothing is written: JAX removes an equation with no outputs whose only
   # effect is a read.
   return [], {state_types.WriteEffect(0)}
 
 
 @triton_lowering.register_lowering(prefetch_p)
-def _prefetch_lowering(ctx: triton_lowering.LoweringRuleContext, *args_flat, args_tree, level,
-                       nbytes):
+def _prefetch_lowering(ctx: triton_lowering.LoweringRuleContext, *args_flat, args_tree, level):
   ptr, transforms = args_tree.unflatten(args_flat)
   block_info = ctx.block_infos[0]
   if len(transforms) > 1:
@@ -112,15 +95,8 @@ def _prefetch_lowering(ctx: triton_lowering.LoweringRuleContext, *args_flat, arg
   ptrs = triton_lowering._add(triton_lowering._bcast_to(ptr, shape), offsets)
   i32 = ir.IntegerType.get_signless(32)
   result = ir.RankedTensorType.get(shape, i32) if shape else i32
-  if nbytes is None:  # one prefetch per element
-    asm = f"prefetch.global.{level} [$1];"
-  elif shape:
-    raise ValueError(f"prefetch_bulk: the index must name one element; it has shape {shape}.")
-  else:  # one bulk prefetch, from thread 0 only (every thread runs this scalar op)
-    asm = ("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n\t"
-           f"@p cp.async.bulk.prefetch.L2.global [$1], {nbytes}; }}")
-  # The dummy result is what the op must return.
+  # One prefetch per element; the dummy result is what the op must return.
   tt_dialect.elementwise_inline_asm(
-      [result], f"{asm}\n\tmov.u32 $0, 0;", constraints="=r,l", pure=False,
-      packed_element=1, args=[ptrs])
+      [result], f"prefetch.global.{level} [$1];\n\tmov.u32 $0, 0;", constraints="=r,l",
+      pure=False, packed_element=1, args=[ptrs])
   return []

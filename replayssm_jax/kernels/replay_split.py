@@ -55,9 +55,7 @@ from jax.experimental import pallas as pl
 from replayssm_jax import reference
 from replayssm_jax.config import next_power_of_two
 from replayssm_jax.kernels import fold as fold_kernels
-from replayssm_jax.kernels import prefetch as cache
-from replayssm_jax.kernels.backend import (KernelTuning, mma_algorithm, row_grid, row_ids,
-                                           row_ids_ahead)
+from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, row_grid, row_ids
 from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_order_pallas
 from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_inputs,
                                                 history_mask, history_weights, key_inputs,
@@ -340,14 +338,11 @@ def _stream_kernel(
     # rows="folding": o (aliased with o_ref)
     # outputs: o [B, T, HV, V] activation, ring_d_out, ring_rawv_out (, ssm_out with `fold`)
     T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
-    precision_t, fold: StreamFold | None, rows: str | None, early: str,
-    prefetch_tile: int | str | None = None):
+    precision_t, fold: StreamFold | None, rows: str | None, early: str):
   """One program per ``[block_v, K]`` checkpoint tile of a (row, value head). ``rows``: which
   rows' programs work, the others only exit: all (None), or those that fold nothing
   (``"unfolded"``) or something (``"folding"``) this step, the two launches of "own".
-  ``early``: what of the epilogue comes before the K-loop (`STREAM_EARLY`);
-  ``prefetch_tile``: the checkpoint tile this program asks L2 for first (`STREAM_PREFETCH_TILE`,
-  compiled only)."""
+  ``early``: what of the epilogue comes before the K-loop (`STREAM_EARLY`)."""
   del ring_rawv_ref  # read and written through the aliased output
   refs = list(refs)
   fold_count_ref = refs.pop(0) if fold is not None or rows is not None else None
@@ -366,19 +361,6 @@ def _stream_kernel(
   works = slot >= 0
   if rows is not None:
     works &= (fold_count_ref[pos] > 0) == (rows == "folding")
-
-  tile_rows = jax.lax.broadcasted_iota(jnp.int32, (block_v,), 0)
-  if prefetch_tile == "bulk":  # its own tile, by the copy engine
-    pl.when(works)(lambda: cache.prefetch_bulk(ssm_ref, (slot, h, p.j * block_v, 0),
-                                               block_v * K * 4))
-  elif prefetch_tile == 0:  # its own tile, before the epilogue's loads hold up its copies
-    pl.when(works)(lambda: cache.prefetch_lines(ssm_ref, (slot, h), p.j * block_v + tile_rows,
-                                                0, K, level="L2"))
-  elif prefetch_tile:  # the tile of the program launched that many after it
-    valid, row_n, h_n, j_n = row_ids_ahead(prefetch_tile)
-    slot_n = slot_ids_ref[jnp.minimum(row_n, slot_ids_ref.shape[0] - 1)]
-    pl.when(valid & (slot_n >= 0))(lambda: cache.prefetch_lines(
-        ssm_ref, (slot_n, h_n), j_n * block_v + tile_rows, 0, K, level="L2"))
 
   @pl.when(works)
   def _stream():
@@ -438,11 +420,6 @@ COEFFICIENTS = ("pallas", "xla")
 # what the loads first hold through the loop would cost it one (sm_90 compile: 127 -> 160).
 STREAM_EARLIES = ("none", "loads", "products")
 STREAM_EARLY = "loads"
-# The checkpoint tile a plain stream program asks L2 for when it starts (`prefetch.prefetch`,
-# one ``prefetch.global.L2`` a line, compiled only; the same bits): None, none; 0, its own,
-# whose copies the Triton pipeline issues only after the epilogue's loads; n > 0, the tile of
-# the program launched n after it (about n / programs-an-SM waves ahead).
-STREAM_PREFETCH_TILE: int | None = None
 # How `fold_replay_verify_split` launches the stream for a step's folding rows:
 #   "shared": one launch of the stream with the fold for all rows; a folding row's programs
 #     fold their tiles first (run 9). The fold's code costs every program registers, so a
@@ -739,9 +716,7 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
                         precision_k=mma(dot_precision, kc),
                         precision_l=mma(dot_precision, common["L"]),
                         fold=fold, rows=rows, early="none" if fold else _choice(
-                            "STREAM_EARLY", STREAM_EARLY, STREAM_EARLIES),
-                        prefetch_tile=None if fold or interpret else STREAM_PREFETCH_TILE,
-                        **common),
+                            "STREAM_EARLY", STREAM_EARLY, STREAM_EARLIES), **common),
       out_shape=tuple(out_shape),
       grid=((HV, V // tuning.block_v, B) if fold and fold.first
             else row_grid(B, HV, V // tuning.block_v)),

@@ -41,30 +41,40 @@ FOLD_TILE_AHEAD = 0
 
 
 @triton.jit
+def _lines(ptr, n: tl.constexpr):
+  """Pointers to the cache lines of ``ptr[0:n]``: one per 128 bytes (at least one)."""
+  per_line: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth
+  return ptr + tl.arange(0, max(n // per_line, 1)) * per_line
+
+
+@triton.jit
 def _prefetch_records(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, slot, h, kh, j,
                       count, base, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
   """All ``count`` records of the program into L1: raw k (a row of K), its BV columns of raw v,
   and the rows of g and beta of head h. Ring entries past ``count`` repeat the last."""
   p = (base + tl.minimum(tl.arange(0, L), count - 1)) & (L - 1)
-  tile.prefetch(((slot * H + kh) * L + p)[:, None] * K + tile.lines(ring_rawk_ptr, K)[None, :],
-                "L1")
+  tile.prefetch(((slot * H + kh) * L + p)[:, None] * K + _lines(ring_rawk_ptr, K)[None, :], "L1")
   tile.prefetch(((slot * HV + h) * L + p)[:, None] * V + j * BV
-                + tile.lines(ring_rawv_ptr, BV)[None, :], "L1")
-  tile.prefetch(tile.lines(ring_g_ptr + (slot * HV + h) * L, L), "L1")
-  tile.prefetch(tile.lines(ring_beta_ptr + (slot * HV + h) * L, L), "L1")
+                + _lines(ring_rawv_ptr, BV)[None, :], "L1")
+  tile.prefetch(_lines(ring_g_ptr + (slot * HV + h) * L, L), "L1")
+  tile.prefetch(_lines(ring_beta_ptr + (slot * HV + h) * L, L), "L1")
 
 
 @triton.jit
 def _prefetch_tile_ahead(slot_ids_ptr, count_ptr, ssm_ptr, AHEAD: tl.constexpr, HV: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
   """The checkpoint tile of the program launched ``AHEAD`` after this one into L2, if it folds:
-  it starts about when this one is done with its tile (`tile.program_ahead`)."""
-  row, h, j = tile.program_ahead(AHEAD, HV, V // BV)
+  programs start in launch order (axis 0 fastest) as others end, so it starts about when this
+  one is done with its tile."""
+  NJ: tl.constexpr = V // BV
+  linear = (tl.program_id(2) * HV + tl.program_id(1)) * NJ + tl.program_id(0) + AHEAD
+  row = linear // (NJ * HV)
   if row < tl.num_programs(2):
     slot = tl.load(slot_ids_ptr + row).to(tl.int64)
     if (slot >= 0) & (tl.load(count_ptr + row) > 0):
-      tile.prefetch_state_tile(ssm_ptr, slot, h, j, HV, K, V, BV)
+      h, j = (linear // NJ) % HV, linear % NJ
+      tile.prefetch(_lines(ssm_ptr + ((slot * HV + h) * V + j * BV) * K, BV * K), "L2")
 
 
 @triton.jit

@@ -81,11 +81,6 @@ KEY_MMA_MIN_ROWS = 2
 # (benchmarks/NOTES.md run 30): the stream at B=256 205.4 -> 186.4 us, B=64 60.2 -> 55.3, B=16
 # 22.7 -> 20.6; registers 166 -> 130 (sm_90 compile).
 EPILOGUE_PRECISION = "tf32x3"
-# The checkpoint tile a stream program asks L2 for when it starts (`tile.prefetch_state_tile`;
-# the same bits): None, none; 0, its own, whose copies the pipeline issues only after the
-# epilogue's loads have been staged (the H200 profile of NOTES run 31: two DRAM round trips
-# late); n > 0, the tile of the program launched n after it.
-STREAM_PREFETCH_TILE: int | None = None
 
 
 @triton.jit
@@ -290,27 +285,13 @@ def _stream_kernel(
     T: tl.constexpr, TP: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     KC: tl.constexpr, PRECISION: tl.constexpr, EPILOGUE_PRECISION: tl.constexpr,
-    PREFETCH_TILE: tl.constexpr,
 ):
   """``X = [q; k]`` stacked in ``XP`` rows (q's tokens from row 0, k's from row XP / 2) makes
   one dot a K-chunk, ``Y = X S0^T``; the epilogue reads ``Y_q`` and ``Y_k`` through the
   columns of its coefficients (``eq`` as a diagonal over the q rows, ``Dy`` over the k rows)
-  rather than by slicing rows out of Y, which Triton cannot. ``PREFETCH_TILE``:
-  `STREAM_PREFETCH_TILE`, -1 for None."""
+  rather than by slicing rows out of Y, which Triton cannot."""
   j, h, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
   slot = tl.load(slot_ids_ptr + row).to(tl.int64)
-  if PREFETCH_TILE == -2:  # "bulk"
-    if slot >= 0:
-      tile.prefetch_state_tile_bulk(ssm_ptr, slot, h, j, HV, K, V, BV)
-  elif PREFETCH_TILE == 0:
-    if slot >= 0:
-      tile.prefetch_state_tile(ssm_ptr, slot, h, j, HV, K, V, BV)
-  elif PREFETCH_TILE > 0:
-    row_n, h_n, j_n = tile.program_ahead(PREFETCH_TILE, HV, V // BV)
-    if row_n < tl.num_programs(2):
-      slot_n = tl.load(slot_ids_ptr + row_n).to(tl.int64)
-      if slot_n >= 0:
-        tile.prefetch_state_tile(ssm_ptr, slot_n, h_n, j_n, HV, K, V, BV)
   kh = h // (HV // H)
   first = row.to(tl.int64) * T
   o_row, v_row = o_ptr + (first * HV + h) * V, v_ptr + (first * HV + h) * V
@@ -410,12 +391,10 @@ def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_p
   B, T = q.shape[:2]
   V = v.shape[3]
   kc = min(tuning.k_chunk, dims["K"])
-  prefetch_tile = {None: -1, "bulk": -2}.get(STREAM_PREFETCH_TILE, STREAM_PREFETCH_TILE)
   return Launch(
       kernel=_stream_kernel,
       name=(f"triton_replay_stream_T{T}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
-            f"_s{tuning.num_stages}_{dot_precision}"
-            f"{'' if STREAM_PREFETCH_TILE is None else f'_pf{STREAM_PREFETCH_TILE}'}"),
+            f"_s{tuning.num_stages}_{dot_precision}"),
       grid=(V // tuning.block_v, dims["HV"], B),
       inputs=dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, v=v,
                   ssm=ssm, zh=zh, zt=zt, eq=eq, ring_d=ring_d, ring_rawv=ring_rawv),
@@ -425,8 +404,7 @@ def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_p
                       XP=max(MIN_DOT, 2 * next_power_of_two(T)), V=V, BV=tuning.block_v, KC=kc,
                       PRECISION=INPUT_PRECISION[dot_precision],
                       EPILOGUE_PRECISION=("ieee" if dot_precision == "ieee"
-                                          else EPILOGUE_PRECISION),
-                      PREFETCH_TILE=prefetch_tile),
+                                          else EPILOGUE_PRECISION)),
       num_warps=tuning.num_warps, num_stages=tuning.num_stages)
 
 

@@ -81,10 +81,6 @@ if INTERPRET:
   def prefetch(ptrs, LEVEL: tl.constexpr):
     pass  # a cache hint only: the interpreter has no caches (nor inline PTX)
 
-  @triton.jit
-  def prefetch_bulk(ptr, NBYTES: tl.constexpr):
-    pass
-
 else:
   from triton.language.extra import libdevice
 
@@ -109,45 +105,6 @@ else:
     else:
       tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
                                 dtype=tl.int32, is_pure=False, pack=1)
-
-  @triton.jit
-  def prefetch_bulk(ptr, NBYTES: tl.constexpr):
-    """Ask L2 for ``NBYTES`` from the scalar pointer ``ptr`` on (a multiple of 16): one
-    ``cp.async.bulk.prefetch.L2`` from thread 0, fetched by the copy engine."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n\t"
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; }\n\tmov.u32 $0, 0;", "=r,l,r",
-        [ptr, tl.full((), NBYTES, tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def lines(ptr, n: tl.constexpr):
-  """Pointers to the cache lines of ``ptr[0:n]``: one per 128 bytes (at least one)."""
-  per_line: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth
-  return ptr + tl.arange(0, max(n // per_line, 1)) * per_line
-
-
-@triton.jit
-def program_ahead(AHEAD: tl.constexpr, HV: tl.constexpr, NJ: tl.constexpr):
-  """``(row, h, j)`` of the program launched ``AHEAD`` after the running one in a
-  ``(NJ, HV, B)`` grid: programs start in launch order (axis 0 fastest) as others end. ``row``
-  is ``B`` or more past the grid's end."""
-  linear = (tl.program_id(2) * HV + tl.program_id(1)) * NJ + tl.program_id(0) + AHEAD
-  return linear // (NJ * HV), (linear // NJ) % HV, linear % NJ
-
-
-@triton.jit
-def prefetch_state_tile(ssm_ptr, slot, h, j, HV: tl.constexpr, K: tl.constexpr,
-                        V: tl.constexpr, BV: tl.constexpr):
-  """The ``[BV, K]`` state tile ``j`` of (slot, head h) into L2, a prefetch a line."""
-  prefetch(lines(ssm_ptr + ((slot * HV + h) * V + j * BV) * K, BV * K), "L2")
-
-
-@triton.jit
-def prefetch_state_tile_bulk(ssm_ptr, slot, h, j, HV: tl.constexpr, K: tl.constexpr,
-                             V: tl.constexpr, BV: tl.constexpr):
-  """The ``[BV, K]`` state tile into L2 by one ``cp.async.bulk.prefetch.L2`` of thread 0."""
-  prefetch_bulk(ssm_ptr + ((slot * HV + h) * V + j * BV) * K, BV * K * 4)
 
 
 @triton.jit
