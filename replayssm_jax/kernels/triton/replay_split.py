@@ -25,11 +25,12 @@ Same contract as `replay_verify.replay_verify`: ``ssm`` only read, the window's 
 ``phys(write_pos + s)``, every other ring entry untouched, a padding row (slot -1) gets zero
 outputs and writes nothing (its scratch is never written nor read). Every operand of the
 stream's ``tl.dot`` has at least 16 rows and columns (``TP = max(16, next_power_of_two(T))``
-window rows, ``LP = max(16, L)`` history rows); in both kernels window rows past T are loaded
-from token T - 1 and zeroed with ``tl.where``, history rows by their logical index, as in
-`replay_verify`'s UT kernel, so no stale or NaN entry reaches a product.
+window rows, ``LP = max(16, L)`` history rows); window rows past T are masked out of the
+stream's loads (zero) and, in the coefficients kernel, loaded from token T - 1 and zeroed with
+``tl.where``, history rows by their logical index, as in `replay_verify`'s UT kernel, so no
+stale or NaN entry reaches a product.
 
-H200 (benchmarks/NOTES.md runs 29-31): B=256 215.4 us (coefficients 32, stream 184-187) against
+H200 (benchmarks/NOTES.md runs 29-33): B=256 190.1 us (coefficients 32, stream 158) against
 the UT form's 501.2; the Pallas split form takes 177.
 """
 
@@ -259,13 +260,13 @@ def _window_coefficients(zh_ptr, zt_ptr, eq_ptr, out, s, in_window, src, x_rows,
 
 @triton.jit
 def _window_values(ring_d_in_ptr, v_row, value_head, write_pos, cache_base, window_values,
-                   v_cols, L: tl.constexpr, LP: tl.constexpr, V: tl.constexpr):
+                   in_window, v_cols, L: tl.constexpr, LP: tl.constexpr, V: tl.constexpr):
   """``(d_hist, v_raw)``: the value head's d history ``[LP, BV]`` in fp32 (zero where no
-  history) and the window's raw v ``[TP, BV]``."""
+  history) and the window's raw v ``[TP, BV]`` (zero past T: rows that are not loaded)."""
   _, ring_rows, valid = _history_rows(write_pos, cache_base, L, LP)
   d_hist = tl.load(ring_d_in_ptr + value_head * V + ring_rows[:, None] * V + v_cols[None, :],
                    mask=valid[:, None], other=0.0).to(tl.float32)
-  return d_hist, tl.load(v_row + window_values)
+  return d_hist, tl.load(v_row + window_values, mask=in_window[:, None], other=0.0)
 
 
 @triton.jit
@@ -315,15 +316,19 @@ def _stream_kernel(
     Dh, Oh, P, M, Eq, Dy = _window_coefficients(zh_ptr, zt_ptr, eq_ptr, out, s, in_window, src,
                                                 x_rows, x_in, T, LP, XP)
     d_hist, v_raw = _window_values(ring_d_in_ptr, v_row, value_head, write_pos, cache_base,
-                                   window_values, v_cols, L, LP, V)
+                                   window_values, in_window, v_cols, L, LP, V)
 
     checkpoint = ssm_ptr + (slot * HV + h) * V * K + v_cols[:, None] * K + k_cols[None, :]
     Y = tl.zeros((XP, BV), tl.float32)
+    # X's padding rows masked out of its load, not zeroed after it: a select on a loaded dot
+    # operand holds it in registers, where a masked load pipelines as a zero-filling async copy
+    # (triton 3.6: 152 -> 128 registers a thread, 6 -> 8 programs an SM; H200, NOTES run 33:
+    # the stream at B=256 184 -> 158 us).
     for c in range(0, K, KC):  # Y = X S0^T, chunk by chunk of K
-      x = tl.where(x_in[:, None], tl.load(x_ptrs + c).to(tl.float32), 0.0)
+      x = tl.load(x_ptrs + c, mask=x_in[:, None], other=0.0).to(tl.float32)
       Y += mma(x, tl.trans(tl.load(checkpoint + c)), PRECISION)
 
-    v = tl.where(in_window[:, None], v_raw.to(tl.float32), 0.0)
+    v = v_raw.to(tl.float32)
     D = (mma(P, v, EPILOGUE_PRECISION) + mma(Dy, Y, EPILOGUE_PRECISION)
          + mma(Dh, d_hist, PRECISION))
     O = (mma(Eq, Y, EPILOGUE_PRECISION) + mma(Oh, d_hist, PRECISION)
