@@ -8,8 +8,10 @@ inputs read from the ring: the same tile, the same step, the same ``range`` loop
 with the same `KernelTuning`, so the folded checkpoint is bitwise the state the triton
 recurrent verify commits (g and beta are the bits `tile.gating` produced when the replay
 verify wrote the records). The GPU tests check the bits (H200, 2026-11-30: equal at every
-launch swept once fp fusion was off, `tile`; again 2026-12-04 with the loads below); 472 us
-for 12 records at B=256 (615 before the loads below, the Pallas fold 398).
+launch swept once fp fusion was off, `tile`; again 2026-12-04 with the loads below and with
+run 34's tiles); 404 us for 12 records at B=256, 64% of the copy bandwidth (615 before the
+loads below, 472 before `tile`'s fma chains and raw keys and the one-warp tiles of
+`state_tuning`; the Pallas fold 397).
 """
 
 from __future__ import annotations
@@ -126,8 +128,8 @@ def _fold_kernel(
                                      base & (L - 1), K, V, BV)
       for i in range(count):
         p = (base + i) & (L - 1)
-        k_hat = tile.load_vector(rawk + p * K, rows, cols) * inv_norm
-        S, d = tile.delta_rule_step(S, k_hat, v, g, beta)
+        k = tile.load_vector(rawk + p * K, rows, cols)
+        S, d = tile.delta_rule_step(S, k, inv_norm, v, g, beta)
         inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record,
                                        j, (base + i + 1) & (L - 1), K, V, BV)
     else:
@@ -135,8 +137,8 @@ def _fold_kernel(
         p = (base + i) & (L - 1)
         inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record,
                                        j, p, K, V, BV)
-        k_hat = tile.load_vector(rawk + p * K, rows, cols) * inv_norm
-        S, d = tile.delta_rule_step(S, k_hat, v, g, beta)
+        k = tile.load_vector(rawk + p * K, rows, cols)
+        S, d = tile.delta_rule_step(S, k, inv_norm, v, g, beta)
     tile.store_tile(state, rows, cols, S)
 
 

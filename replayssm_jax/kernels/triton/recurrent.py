@@ -10,7 +10,7 @@ exact updates of `tile.delta_rule_step` in a ``range`` loop (an ``scf.for``, lik
 
 A row with ``slot_ids[b] < 0`` is padding: zero output, nothing else written. Offsets into
 the state arrays are int64 (``slots * HV * V * K`` passes 2^31 at serving sizes).
-H200, B=256 (benchmarks/NOTES.md run 5): verify 728 us (87% of copy), decode 266 us (95%).
+H200, B=256 (benchmarks/NOTES.md run 34): verify 714 us (89% of copy), decode 267 us (95%).
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ def _recurrent(slot_ids_ptr, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
     A_log, dt_bias = tl.load(A_log_ptr + h), tl.load(dt_bias_ptr + h)
     for t in range(T):
       token = tokens + t
-      k_hat = tile.load_normalized(k_ptr + (token * H + kh) * K, rows, cols, K)
+      k, k_norm = tile.load_key(k_ptr + (token * H + kh) * K, rows, cols, K)
       g, beta = tile.gating(tl.load(a_ptr + token * HV + h), tl.load(b_ptr + token * HV + h),
                             A_log, dt_bias)
       v = tl.load(v_ptr + (token * HV + h) * V + v_cols).to(tl.float32)
-      S, d = tile.delta_rule_step(S, k_hat, v, g, beta)
-      q_hat = tile.load_normalized(q_ptr + (token * H + kh) * K, rows, cols, K) * (K ** -0.5)
+      S, d = tile.delta_rule_step(S, k, k_norm, v, g, beta)
+      q, q_norm = tile.load_key(q_ptr + (token * H + kh) * K, rows, cols, K)
       tl.store(o_ptr + (token * HV + h) * V + v_cols,
-               tile.matvec(S, q_hat).to(o_ptr.dtype.element_ty))
+               tile.scaled_matvec(S, q, q_norm, K ** -0.5).to(o_ptr.dtype.element_ty))
       if STORE_EACH_STEP:
         tile.store_tile(states_ptr + (((slot * T + t) * HV + h) * V + j * BV) * K, rows, cols, S)
     if not STORE_EACH_STEP:

@@ -1,10 +1,12 @@
 """The shared arithmetic of the native Triton kernels: gates, norms, and the fp32 state tile.
 
-Every ``@triton.jit`` function here mirrors one function of `replayssm_jax.reference` operation
-for operation (`gating` = ``gdn_gating``, `load_normalized` = ``l2_normalize``, `delta_rule_step`
-= ``delta_rule_step``). The recurrent kernels and the exact fold go through the same functions
-with the same launch parameters (block_v, k_chunk, num_warps), which is what keeps the folded
-checkpoint bitwise equal to the recurrent state (DESIGN section 4).
+Every ``@triton.jit`` function here computes one function of `replayssm_jax.reference`
+(`gating` = ``gdn_gating``, `load_key` and `inverse_norm` = ``l2_normalize``, `delta_rule_step`
+= ``delta_rule_step``), in an order of its own where that saves instructions (`RAW_KEY`,
+`FMA_MATVEC`), so within fp32 rounding of it. The recurrent kernels and the exact fold go
+through the same functions with the same launch parameters (block_v, k_chunk, num_warps),
+which is what keeps the folded checkpoint bitwise equal to the recurrent state (DESIGN section
+4).
 
 State tile layout (`state_offsets`). A program owns ``S = ssm[slot, h, j*BV:(j+1)*BV, :]``
 (``[BV, K]``, K contiguous in memory), held as a 3-D tensor of ``NC = K // KC`` chunks of
@@ -16,12 +18,12 @@ from 3.7, so the tile is ``[BV, NC, KC]`` up to 3.6 and ``[NC, BV, KC]`` from 3.
 (`CHUNKS_FIRST`): either way the lanes go to the rows and the chunk axis stays in registers
 (sm_90 compiles, NOTES run 32: the other order puts lanes on the chunks, 230 shuffles a fold
 record instead of 10, 168 registers instead of 127). A product ``S x = sum_k S[:, k] x[k]``
-(`matvec`) adds the NC chunks in-thread first and then the KC axis (4 in-thread, then
-``log2(KC // 4)`` shuffle rounds): with KC = 8, one shuffle round per row instead of the 5 of
-a ``[BV, 128]`` tile with 32 lanes along K (benchmarks/NOTES.md, run 3: the fold is bound by
-those shuffles; K-chunks of 32 cut it 24% in run 4). The cost is registers: a thread holds
-its rows' 4 * NC state elements and the same number of elements of each K-vector (k_hat,
-q_hat). Every timing is of triton 3.6, the H200's.
+(`matvec`) adds the NC chunks in-thread first (an fma chain, `fma_chunks`) and then the KC
+axis (4 in-thread, then ``log2(KC // 4)`` shuffle rounds): with KC = 8, one shuffle round per
+row instead of the 5 of a ``[BV, 128]`` tile with 32 lanes along K (benchmarks/NOTES.md, run
+3: the fold is bound by those shuffles; K-chunks of 32 cut it 24% in run 4). The cost is
+registers: a thread holds its rows' 4 * NC state elements and the same number of elements of
+each K-vector (k, q). Every timing is of triton 3.6, the H200's.
 
 The K-vectors of a token (q, k, raw k) are loaded straight into the tile's layout: a
 broadcast load of the one vector in the tile's shape (every V-row of the tile reads the same
@@ -34,8 +36,11 @@ recurrent verify, the decode and the fold compile to one layout.
 Rounding. The recurrent kernels and the fold compile with Triton's fp fusion off
 (`FP_FUSION`): with it on, LLVM contracts multiplies into adds where the surrounding code
 allows, which differed between the recurrent verify and the fold at some launch shapes (H200,
-2026-11-30: a fold 1 ulp off the recurrent state in 3% of the elements at K-chunks of 8). The one
-fma of the update is written out (`delta_rule_step`).
+2026-11-30: a fold 1 ulp off the recurrent state in 3% of the elements at K-chunks of 8). The
+fmas are written out: the update's (`delta_rule_step`) and, compiled, the chain of `matvec`'s
+chunks (`fma_chunks`). The interpreter adds the chunks' products with ``tl.sum``: its generic
+``tl.reduce`` runs element by element in Python (8x slower tests), and the bitwise tie only
+asks that both sides of it round alike.
 
 Math functions. ``exp`` and ``log1p`` are libdevice's (``__nv_expf``, ``__nv_log1pf``), and
 divisions and square roots are IEEE (``div_rn``, ``sqrt_rn``): Triton's defaults
@@ -65,6 +70,14 @@ CHUNKS_FIRST = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 7
 CHUNK_AXIS = tl.constexpr(0 if CHUNKS_FIRST else 1)
 # Triton's enable_fp_fusion for the kernels of the bitwise tie (recurrent, fold): off.
 FP_FUSION = False
+# Instructions of the state kernels' loops (NOTES run 34; triton 3.6, the fold's record loop
+# 455 -> 369 a warp, the recurrent verify's token loop 880 -> 666): `matvec` adds a thread's
+# chunks as a chain of fmas (`FMA_MATVEC`), not as products and then sums; the key's norm
+# scales a row's K-sum and d (`RAW_KEY`), not each element of k and q. H200, B=256, at the
+# (32, 2, 16) tiles of then: the fold 473.9 -> 458.5 (chain) -> 448.8 us (both); the recurrent
+# verify 729.5 -> 792.0 (chain alone: 168 registers against 157) -> 725.0 (both).
+FMA_MATVEC = tl.constexpr(not INTERPRET)
+RAW_KEY = tl.constexpr(True)
 
 if INTERPRET:
 
@@ -160,27 +173,50 @@ def load_vector(ptr, rows, cols):
 
 
 @triton.jit
-def matvec(S, x):
-  """``S x`` over K for a chunked tile and a chunked vector: ``[BV]``, chunks added first."""
-  return tl.sum(tl.sum(S * x, axis=CHUNK_AXIS), axis=1)
+def _multiply_add(acc, acc_scale, s, x):
+  """`matvec`'s combine: the pair ``(a, b)`` stands for ``a * b``, so ``(acc, acc_scale)`` and
+  ``(s, x)`` add to ``(fma(s, x, acc * acc_scale), 1)``. Past the first element the scale is
+  the constant 1 and the product folds away: one fma an element."""
+  return tl.fma(s, x, acc * acc_scale), tl.full(acc.shape, 1.0, acc.dtype)
 
 
 @triton.jit
-def load_normalized(ptr, rows, cols, K: tl.constexpr):
-  """``l2_normalize`` of the K-vector at ``ptr`` (k_hat; q_hat before its scale) in the tile's
-  layout: the norm from one compact ``[K]`` load, its reciprocal applied to the broadcast load.
+def fma_chunks(S, x):
+  """``sum_c S[.., c, ..] x[.., c, ..]`` over the tile's chunk axis as a chain of fmas:
+  ``[BV, KC]``, the chunks in order."""
+  if S.shape[CHUNK_AXIS] == 1:  # no chain: the pair of the one chunk is returned unmultiplied
+    return tl.sum(S * x, axis=CHUNK_AXIS)
+  return tl.reduce((S, tl.broadcast_to(x, S.shape)), CHUNK_AXIS, _multiply_add)[0]
+
+
+@triton.jit
+def matvec(S, x):
+  """``S x`` over K for a chunked tile and a chunked vector: ``[BV]``, chunks added first (in
+  `fma_chunks` where `FMA_MATVEC`), then the columns of a chunk."""
+  if FMA_MATVEC:
+    by_column = fma_chunks(S, x)
+  else:
+    by_column = tl.sum(S * x, axis=CHUNK_AXIS)
+  return tl.sum(by_column, axis=1)
+
+
+@triton.jit
+def load_key(ptr, rows, cols, K: tl.constexpr):
+  """The K-vector at ``ptr`` (a token's q or k) in the tile's layout, raw, and its
+  `inverse_norm`: ``l2_normalize`` is ``x * inv_norm``, applied by `delta_rule_step` and
+  `scaled_matvec`.
 
   The broadcast tile holds every element BV times, so no per-element division: an IEEE
   division (``div_rn``) and a norm per copy made the recurrent verify 2.2x slower than the
-  Pallas one on the H200 (2026-11-30: 1715 vs 789 us at B=256). ``x * (1 / n)`` is within an ulp
-  of the reference's ``x / n``; the fold and the recurrent kernels share it, so the bitwise tie
-  holds.
+  Pallas one on the H200 (2026-11-30: 1715 vs 789 us at B=256). Multiplying by ``1 / n`` is
+  within an ulp of the reference's ``x / n``; the fold and the recurrent kernels share it, so
+  the bitwise tie holds.
   """
   # The norm before the broadcast load: the other way round, the recurrent verify holds both
   # at once (230 registers with triton 3.6, 157 this way) and took 854 us against 735 (H200,
   # NOTES run 32).
   inv_norm = inverse_norm(ptr, K)
-  return load_vector(ptr, rows, cols) * inv_norm
+  return load_vector(ptr, rows, cols), inv_norm
 
 
 @triton.jit
@@ -191,14 +227,30 @@ def inverse_norm(ptr, K: tl.constexpr):
 
 
 @triton.jit
-def delta_rule_step(S, k_hat, v, g, beta):
-  """`reference.delta_rule_step` on a chunked tile: ``(S_new, d)``.
+def scaled_matvec(S, x, inv_norm, scale):
+  """``S (x inv_norm scale)`` for a raw K-vector ``x`` (q_hat times the output scale)."""
+  if RAW_KEY:
+    return matvec(S, x) * (inv_norm * scale)
+  return matvec(S, x * inv_norm * scale)
+
+
+@triton.jit
+def delta_rule_step(S, k, inv_norm, v, g, beta):
+  """`reference.delta_rule_step` on a chunked tile for ``k_hat = k inv_norm``: ``(S_new, d)``.
 
   ``S <- exp(g) S``, ``d = beta (v - S k_hat)``, ``S <- S + d k_hat^T`` (one fma), in that order.
-  The kernels that share it compile with ``FP_FUSION`` off, so the only fma is this one.
+  With `RAW_KEY` the norm scales the K-sum and d (a value a row), not k (a value a column).
+  The kernels that share it compile with ``FP_FUSION`` off, so the only fmas are this one and
+  `matvec`'s.
   """
   S = S * exp(g)
-  d = beta * (v - matvec(S, k_hat))
-  d_rows = tl.expand_dims(tl.expand_dims(d, 1), CHUNK_AXIS)  # [BV] along the tile's rows
-  S = tl.fma(tl.broadcast_to(d_rows, S.shape), k_hat, S)  # explicit: FP_FUSION is off
+  if RAW_KEY:
+    d = beta * (v - matvec(S, k) * inv_norm)
+    d_k = d * inv_norm
+  else:
+    k = k * inv_norm
+    d = beta * (v - matvec(S, k))
+    d_k = d
+  d_rows = tl.expand_dims(tl.expand_dims(d_k, 1), CHUNK_AXIS)  # [BV] along the tile's rows
+  S = tl.fma(tl.broadcast_to(d_rows, S.shape), k, S)  # explicit: FP_FUSION is off
   return S, d
