@@ -63,7 +63,8 @@ TRITON_REPLAY = [("ut", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
     for bv, w, kc, st in [(128, 4, 64, 2), (64, 4, 64, 2), (64, 4, 64, 3), (64, 4, 32, 3),
                           (128, 8, 64, 2), (64, 2, 64, 2), (32, 2, 64, 3)]]
 TRITON_STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
-                for bv, w, kc in [(32, 2, 8), (32, 2, 16), (16, 1, 8), (32, 4, 8), (64, 4, 8)]]
+                for bv, w, kc in [(32, 2, 16), (16, 1, 16), (32, 4, 16), (64, 4, 16), (16, 1, 8),
+                                  (32, 4, 8)]]
 CANDIDATES = {"pallas": (REPLAY, STATE), "triton": (TRITON_REPLAY, TRITON_STATE)}
 COEFFICIENT_WARPS = (1, 2, 4)  # warps of the split form's coefficients kernel
 # The split form's other launches of its coefficients kernel, beside the default.

@@ -17,7 +17,7 @@ extra (``jax-triton``, ``triton``).
 
 Status: passes the GPU tests of the Pallas kernels on an H200 (2026-11-30, again 2026-12-04
 with the split form: jax 0.11.2, triton 3.6, jax-triton 0.3.1), with the fold bitwise equal to
-the recurrent verify at every launch swept; timings in benchmarks/NOTES.md (runs 5, 29-32).
+the recurrent verify at every launch swept; timings in benchmarks/NOTES.md (runs 5, 29-34).
 """
 
 from __future__ import annotations
@@ -46,12 +46,15 @@ except ModuleNotFoundError as error:  # triton is optional: the package still im
 def state_tuning(V: int) -> KernelTuning:
   """Launch parameters of the triton recurrent kernels and fold (one instance: the bitwise tie).
 
-  H200, 2026-11-30, B=256, HV=32, K=V=128 (benchmarks/NOTES.md run 5): ``[32, 128]`` tiles in
-  K-chunks of 16 over 2 warps ran the recurrent verify in 739 us, decode in 268 us and the
-  12-record fold in 624 us; K-chunks of 8 (one shuffle round per product, but 212 registers):
-  967 / 314 / 755 us; 4 warps: 1112 / 337 / 1093 us.
+  ``[16, 128]`` tiles in K-chunks of 16, one warp a program. H200, B=256, HV=32, K=V=128, with
+  the fma chains and raw keys of `tile` (benchmarks/NOTES.md run 34; recurrent verify / decode /
+  12-record fold, us, each fold bitwise equal to its recurrent verify): (16, 1, 16) 714.3 /
+  271.4 / **405.0**; (32, 2, 16), the tiles of runs 5-33, 733.9 / 271.6 / 450.2; (64, 4, 16)
+  780.6 / 277.5 / 483.9; (32, 4, 16) 863.6 / 286.3 / 612.5; K-chunks of 8 at (16, 1) and (32, 4)
+  768.9-1221.5 / 289.1-363.9 / 532.7-1283.4. A one-warp program sums the compact load of a key's
+  norm within its warp: no shared memory and no barrier in the fold's record loop (two before).
   """
-  return KernelTuning(block_v=min(32, V), num_warps=2, k_chunk=16)
+  return KernelTuning(block_v=min(16, V), num_warps=1, k_chunk=16)
 
 
 def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
