@@ -23,12 +23,16 @@ import re
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 pytest.importorskip("triton", reason="the triton backend needs the triton extra: "
                     "pip install -e '.[triton]'")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 import test_kernels_recurrent as rec_tests  # noqa: E402
 import test_kernels_replay_verify as replay_tests  # noqa: E402
@@ -38,7 +42,8 @@ from replayssm_jax.kernels import fold as pallas_fold  # noqa: E402
 from replayssm_jax.kernels import triton as triton_kernels  # noqa: E402
 from replayssm_jax.kernels.backend import KernelTuning  # noqa: E402
 from replayssm_jax.kernels.triton import compile_check  # noqa: E402
-from replayssm_jax.kernels.triton.launch import compile_sm90, resource_usage  # noqa: E402
+from replayssm_jax.kernels.triton.launch import Launch, compile_sm90, resource_usage  # noqa: E402
+from replayssm_jax.kernels.triton.launch import run as run_launch  # noqa: E402
 from replayssm_jax.kernels.triton.replay_verify import RING_NAMES, replay_form  # noqa: E402
 from replayssm_jax.kernels.triton import tile  # noqa: E402
 from replayssm_jax.kernels.triton.tile import INTERPRET  # noqa: E402
@@ -138,6 +143,32 @@ def test_fold_bitwise_equals_recurrent_verify(case, dtype, launch, mode):
   assert rel_err(folded, folded_ref) < 1e-6
   untouched = np.setdiff1d(np.arange(SLOTS), np.asarray(slots)[np.asarray(slots) >= 0])
   np.testing.assert_array_equal(np.asarray(folded)[untouched], np.asarray(x["ssm"])[untouched])
+
+
+@triton.jit
+def _fma_chunks_probe(S_ptr, x_ptr, out_ptr, BV: tl.constexpr, K: tl.constexpr,
+                      KC: tl.constexpr):
+  """``out = S x`` of a ``[BV, K]`` tile through `tile.fma_chunks`, then the chunk's columns."""
+  rows, cols = tile.state_offsets(BV, K, KC)
+  by_column = tile.fma_chunks(tile.load_tile(S_ptr, rows, cols), tile.load_vector(x_ptr, rows, cols))
+  tl.store(out_ptr + tl.arange(0, BV), tl.sum(by_column, axis=1))
+
+
+@pytest.mark.parametrize("BV,K,KC", [(16, 128, 16), (8, 64, 8), (8, 16, 16)],
+                         ids=["8chunks", "8chunks_kc8", "1chunk"])
+def test_fma_chunks_sums_the_chunk_products(BV, K, KC, mode):
+  """`tile.fma_chunks`' pairs ``(a, b)`` stand for ``a * b``: the chain adds every chunk's
+  products, the first one too, and a one-chunk tile (no combine) still multiplies. The
+  interpreted kernels take ``tl.sum`` (`tile.FMA_MATVEC`), so this is its test there."""
+  rng = np.random.default_rng(3)
+  S, x = rng.standard_normal((BV, K)).astype(np.float32), rng.standard_normal(K).astype(np.float32)
+  launch = Launch(kernel=_fma_chunks_probe, name=f"fma_chunks_probe_{BV}_{K}_{KC}", grid=(1, 1, 1),
+                  inputs=dict(S=jnp.asarray(S), x=jnp.asarray(x)),
+                  outputs=dict(out=jax.ShapeDtypeStruct((BV,), jnp.float32)),
+                  constexprs=dict(BV=BV, K=K, KC=KC), num_warps=1, num_stages=1, fp_fusion=False)
+  [out] = run_launch(launch)
+  want = S.astype(np.float64) @ x.astype(np.float64)
+  assert rel_err(np.asarray(out), want) < 1e-6
 
 
 # ----------------------------------------------------------------------------- replay verify
