@@ -150,8 +150,8 @@ def _fma_chunks_probe(S_ptr, x_ptr, out_ptr, BV: tl.constexpr, K: tl.constexpr,
                       KC: tl.constexpr):
   """``out = S x`` of a ``[BV, K]`` tile through `tile.fma_chunks`, then the chunk's columns."""
   rows, cols = tile.state_offsets(BV, K, KC)
-  by_column = tile.fma_chunks(tile.load_tile(S_ptr, rows, cols), tile.load_vector(x_ptr, rows, cols))
-  tl.store(out_ptr + tl.arange(0, BV), tl.sum(by_column, axis=1))
+  S, x = tile.load_tile(S_ptr, rows, cols), tile.load_vector(x_ptr, rows, cols)
+  tl.store(out_ptr + tl.arange(0, BV), tl.sum(tile.fma_chunks(S, x), axis=1))
 
 
 @pytest.mark.parametrize("BV,K,KC", [(16, 128, 16), (8, 64, 8), (8, 16, 16)],
@@ -162,8 +162,8 @@ def test_fma_chunks_sums_the_chunk_products(BV, K, KC, mode):
   interpreted kernels take ``tl.sum`` (`tile.FMA_MATVEC`), so this is its test there."""
   rng = np.random.default_rng(3)
   S, x = rng.standard_normal((BV, K)).astype(np.float32), rng.standard_normal(K).astype(np.float32)
-  launch = Launch(kernel=_fma_chunks_probe, name=f"fma_chunks_probe_{BV}_{K}_{KC}", grid=(1, 1, 1),
-                  inputs=dict(S=jnp.asarray(S), x=jnp.asarray(x)),
+  launch = Launch(kernel=_fma_chunks_probe, name=f"fma_chunks_probe_{BV}_{K}_{KC}",
+                  grid=(1, 1, 1), inputs=dict(S=jnp.asarray(S), x=jnp.asarray(x)),
                   outputs=dict(out=jax.ShapeDtypeStruct((BV,), jnp.float32)),
                   constexprs=dict(BV=BV, K=K, KC=KC), num_warps=1, num_stages=1, fp_fusion=False)
   [out] = run_launch(launch)
