@@ -15,6 +15,11 @@ GPU; the schedule, and so the speed, needs the GPU.
 
     PYTHONPATH=$PWD python tools/pallas_sass.py fold [--kw "{'prefetch_at': 'start'}"]
     PYTHONPATH=$PWD python tools/pallas_sass.py replay_verify --T 4 --batch 256 --sass /tmp/sass
+    PYTHONPATH=$PWD python tools/pallas_sass.py --backend triton exact_fold_L16
+
+The triton backend's kernels (``--backend triton``) are compiled from their own launches at
+`kernels.triton.compile_check`'s anchor geometry; run it with the H200's triton (3.6) for the
+device's registers and loops (benchmarks/NOTES.md runs 32 and 34).
 
 Kernels (`KERNELS`): the fold, the recurrent verify and decode, the replay verify (at B >= 16
 the split form: its coefficients and stream kernels) and the split form with the fold inside
@@ -126,17 +131,36 @@ def compile_sm90(module: dict, workdir: Path) -> dict:
   """Compile one Triton module for sm_90a: registers, spills, SASS and its loops."""
   import triton
   from triton.backends.compiler import GPUTarget
-  from triton.backends.nvidia.compiler import get_ptxas
-
-  from replayssm_jax.kernels.triton.launch import resource_usage
 
   ttir = workdir / f"{module['name']}.ttir"
   ttir.write_text(module["ttir"])
   compiled = triton.compile(str(ttir), target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=module["num_warps"],
                                          num_stages=module["num_stages"]))
+  return sass_report(compiled, module["name"], module["num_warps"], workdir)
+
+
+def triton_backend_sm90(kernel: str, workdir: Path) -> dict:
+  """The triton backend's kernel ``kernel`` (a name of `compile_check.launches`, at its anchor
+  geometry and default tunings) compiled for sm_90a, as `compile_sm90` reports it."""
+  from replayssm_jax.kernels.triton import compile_check
+  from replayssm_jax.kernels.triton.launch import compile_sm90 as compile_launch
+
+  launches = compile_check.launches(**compile_check.ANCHOR)
+  if kernel not in launches:
+    raise ValueError(f"kernel={kernel!r}; the triton backend's are {sorted(launches)}.")
+  launch = launches[kernel]
+  return sass_report(compile_launch(launch), launch.name, launch.num_warps, workdir)
+
+
+def sass_report(compiled, name: str, num_warps: int, workdir: Path) -> dict:
+  """Registers, spills, SASS and loops of a kernel Triton compiled for sm_90a."""
+  from triton.backends.nvidia.compiler import get_ptxas
+
+  from replayssm_jax.kernels.triton.launch import resource_usage
+
   usage = resource_usage(compiled)
-  cubin = workdir / f"{module['name']}.cubin"
+  cubin = workdir / f"{name}.cubin"
   cubin.write_bytes(compiled.asm["cubin"])
   cuobjdump = Path(get_ptxas(90).path).with_name("cuobjdump")
   sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
@@ -144,7 +168,7 @@ def compile_sm90(module: dict, workdir: Path) -> dict:
   instructions = [m.groups() for m in
                   (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
                    for line in sass.splitlines()) if m]
-  return dict(name=module["name"], num_warps=module["num_warps"], registers=usage["n_regs"],
+  return dict(name=name, num_warps=num_warps, registers=usage["n_regs"],
               spill_stores=usage["spill_stores"], spill_loads=usage["spill_loads"],
               instructions=len(instructions), loops=loops(instructions), sass=sass)
 
@@ -170,7 +194,11 @@ def loops(instructions: list[tuple[str, str]]) -> list[dict]:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("kernel", choices=KERNELS)
+  p.add_argument("kernel", help=f"Pallas: one of {', '.join(KERNELS)}; triton: a name of "
+                 "`kernels.triton.compile_check`'s launches (e.g. exact_fold_L16)")
+  p.add_argument("--backend", choices=("pallas", "triton"), default="pallas",
+                 help="triton: the native kernel at compile_check's anchor geometry (the "
+                 "other options but --sass do not apply)")
   p.add_argument("--batch", type=int, default=256,
                  help="rows (the split form's choices depend on it)")
   p.add_argument("--T", type=int, default=4, help="window tokens (replay and recurrent verify)")
@@ -179,10 +207,13 @@ def main(argv=None) -> int:
                  help="extra keyword arguments as a dict literal, e.g. \"{'prefetch': False}\"")
   p.add_argument("--sass", type=Path, help="write each kernel's SASS into this folder")
   args = p.parse_args(argv)
-  fn, shapes = call(args.kernel, args.batch, args.T, args.ring, interpret=False, **args.kw)
   with tempfile.TemporaryDirectory() as tmp:
-    for module in triton_modules(fn, shapes):
-      r = compile_sm90(module, Path(tmp))
+    if args.backend == "triton":
+      reports = [triton_backend_sm90(args.kernel, Path(tmp))]
+    else:
+      fn, shapes = call(args.kernel, args.batch, args.T, args.ring, interpret=False, **args.kw)
+      reports = [compile_sm90(module, Path(tmp)) for module in triton_modules(fn, shapes)]
+    for r in reports:
       print(f"{r['name']}: {r['num_warps']} warps, {r['registers']} registers, spills "
             f"{r['spill_stores']}/{r['spill_loads']} B, {r['instructions']} SASS instructions")
       for loop in r["loops"]:
