@@ -50,25 +50,33 @@ def window_rows(T: tl.constexpr, TP: tl.constexpr):
 
 @triton.jit
 def window_norms(q_row, k_row, window_keys, K: tl.constexpr, KC: tl.constexpr, TP: tl.constexpr):
-  """``(q_norm, k_norm)`` ``[TP]`` of the window's rows (``window_keys``: the ``[TP, KC]``
-  offsets of chunk 0 from ``q_row`` / ``k_row``), summed chunk by chunk over K."""
+  """``(K ** -0.5 / q_norm, 1 / k_norm)`` ``[TP]`` of the window's rows (``window_keys``: the
+  ``[TP, KC]`` offsets of chunk 0 from ``q_row`` / ``k_row``), summed chunk by chunk over K.
+  One IEEE division a row, then multiplies, not a division an element (a reciprocal, its
+  refinement and a slow-path check each): the coefficients kernel's SASS 3200 -> 2760
+  instructions at T=4 (triton 3.6); H200 (benchmarks/NOTES.md run 35) B=16 / 64 verify
+  28.6 -> 26.2 / 61.6 -> 60.1 us, B=256 even."""
   q_sq, k_sq = tl.zeros((TP,), tl.float32), tl.zeros((TP,), tl.float32)
   for c in range(0, K, KC):
     q = tl.load(q_row + window_keys + c).to(tl.float32)
     k = tl.load(k_row + window_keys + c).to(tl.float32)
     q_sq += tl.sum(q * q, axis=1)
     k_sq += tl.sum(k * k, axis=1)
-  return tl.sqrt_rn(q_sq + tile.L2_EPS), tl.sqrt_rn(k_sq + tile.L2_EPS)
+  one = tl.full((TP,), 1.0, tl.float32)
+  return (tl.math.div_rn(one, tl.sqrt_rn(q_sq + tile.L2_EPS)) * (K ** -0.5),
+          tl.math.div_rn(one, tl.sqrt_rn(k_sq + tile.L2_EPS)))
 
 
 @triton.jit
-def window_chunk(q_row, k_row, offsets, in_window, q_norm, k_norm, K: tl.constexpr):
+def window_chunk(q_row, k_row, offsets, in_window, q_scale, k_inv):
   """``(k_raw, q_hat, k_hat)`` of one K-chunk of the window at ``offsets``: raw k as stored,
-  q_hat (scaled by ``K ** -0.5``) and k_hat in fp32, zero past T."""
-  k_raw = tl.load(k_row + offsets)
-  q = tl.load(q_row + offsets).to(tl.float32)
-  q_hat = tl.where(in_window[:, None], tl.math.div_rn(q, q_norm[:, None]) * (K ** -0.5), 0.0)
-  k_hat = tl.where(in_window[:, None], tl.math.div_rn(k_raw.to(tl.float32), k_norm[:, None]), 0.0)
+  q_hat (scaled by ``K ** -0.5``) and k_hat in fp32, zero past T; ``q_scale``, ``k_inv``: the
+  rows' factors from `window_norms`. Rows past T are not loaded (a ``where`` after the loads
+  left ptxas 4 bytes of spill in the UT form at T=1, triton 3.6)."""
+  k_raw = tl.load(k_row + offsets, mask=in_window[:, None], other=0.0)
+  q = tl.load(q_row + offsets, mask=in_window[:, None], other=0.0).to(tl.float32)
+  q_hat = q * q_scale[:, None]
+  k_hat = k_raw.to(tl.float32) * k_inv[:, None]
   return k_raw, q_hat, k_hat
 
 

@@ -153,7 +153,7 @@ def _coefficients_kernel(
     s, in_window, src = window_rows(T, TQ)
     k_cols = tl.arange(0, KC)
     window_keys = src[:, None] * (H * K) + k_cols[None, :]  # [TQ, KC]: chunk 0
-    q_norm, k_norm = window_norms(q_row, k_row, window_keys, K, KC, TQ)  # pass 1: the norms
+    q_scale, k_inv = window_norms(q_row, k_row, window_keys, K, KC, TQ)  # pass 1: the norms
 
     key_head = (slot * H + kh) * L  # ring row 0 of the key head (ring_k, ring_rawk)
     p, ring_rows, valid = _history_rows(write_pos, cache_base, L, LP)
@@ -166,8 +166,7 @@ def _coefficients_kernel(
     x_ptrs, x_in, x_rows = _stacked_window(q_row, k_row, T, XP, H, K, k_cols)
     XK = tl.zeros((XP, LP), tl.float32)  # KEY_MMA: [q; k] K_hist^T, raw
     for c in range(0, K, KC):
-      k_raw, q_hat, k_hat = window_chunk(q_row, k_row, window_keys + c, in_window, q_norm, k_norm,
-                                         K)
+      k_raw, q_hat, k_hat = window_chunk(q_row, k_row, window_keys + c, in_window, q_scale, k_inv)
       k_hist = tl.load(ring_k_in_ptr + key_head * K + history_keys + c)  # whole, then selected
       if KEY_MMA:  # bf16 operands as loaded, else fp32
         k_hist = tl.where(valid[:, None], k_hist, 0.0)  # [LP, KC]
@@ -186,9 +185,8 @@ def _coefficients_kernel(
                k_hat.to(ring_k_ptr.dtype.element_ty), mask=in_window[:, None])
       tl.store(ring_rawk_ptr + key_head * K + record_keys + c, k_raw, mask=in_window[:, None])
     # The raw window's rows to its normalised ones: Y = x S0^T is of the raw q and k.
-    one = tl.full((TQ,), 1.0, tl.float32)
-    s_q = tl.where(in_window, tl.math.div_rn(one, q_norm) * (K ** -0.5), 0.0)
-    s_k = tl.where(in_window, tl.math.div_rn(one, k_norm), 0.0)
+    s_q = tl.where(in_window, q_scale, 0.0)
+    s_k = tl.where(in_window, k_inv, 0.0)
     if KEY_MMA:
       XK_q = s_q[:, None] * _stacked_rows(XK, 0, s, x_rows)
       XK_k = s_k[:, None] * _stacked_rows(XK, XP // 2, s, x_rows)

@@ -137,7 +137,7 @@ def _replay_verify_ut_kernel(
     q_row, k_row = q_ptr + (first * H + kh) * K, k_ptr + (first * H + kh) * K
     window_keys = src[:, None] * (H * K) + k_cols[None, :]  # [TP, KC]: chunk 0
     # Pass 1 over the K-chunks: the norms of q and k.
-    q_norm, k_norm = window_norms(q_row, k_row, window_keys, K, KC, TP)
+    q_scale, k_inv = window_norms(q_row, k_row, window_keys, K, KC, TP)
 
     # The history: LP ring rows (rows past L read row L - 1), selected by logical index.
     value_head = (slot * HV + h) * L  # ring row 0 of this value head (ring_d, ring_g, ...)
@@ -162,8 +162,7 @@ def _replay_verify_ut_kernel(
     W_q, W_k = tl.zeros((TP, BV), tl.float32), tl.zeros((TP, BV), tl.float32)
     qk, kk = tl.zeros((TP, TP), tl.float32), tl.zeros((TP, TP), tl.float32)
     for c in range(0, K, KC):
-      k_raw, q_hat, k_hat = window_chunk(q_row, k_row, window_keys + c, in_window, q_norm, k_norm,
-                                         K)
+      k_raw, q_hat, k_hat = window_chunk(q_row, k_row, window_keys + c, in_window, q_scale, k_inv)
       k_hist = tl.load(ring_k_in_ptr + key_head * K + history_keys + c)
       k_hist_t = tl.trans(tl.where(valid[:, None], k_hist.to(tl.float32), 0.0))  # [KC, LP]
       S0_t = tl.trans(tl.load(ssm_ptr + (slot * HV + h) * V * K + checkpoint + c))  # [KC, BV]
@@ -232,10 +231,7 @@ def _replay_verify_vec_kernel(
   else:
     write_pos, cache_base = tl.load(write_pos_ptr + row), tl.load(cache_base_ptr + row)
     q_row, k_row = q_ptr + (token * H + kh) * K, k_ptr + (token * H + kh) * K
-    q_all = tl.load(q_row + tl.arange(0, K)).to(tl.float32)
-    k_all = tl.load(k_row + tl.arange(0, K)).to(tl.float32)
-    q_norm = tl.sqrt_rn(tl.sum(q_all * q_all, axis=0) + tile.L2_EPS)
-    k_norm = tl.sqrt_rn(tl.sum(k_all * k_all, axis=0) + tile.L2_EPS)
+    q_inv, k_inv = tile.inverse_norm(q_row, K), tile.inverse_norm(k_row, K)
 
     value_head = (slot * HV + h) * L  # ring row 0 of this value head
     key_head = (slot * H + kh) * L  # ring row 0 of its key head
@@ -255,8 +251,8 @@ def _replay_verify_vec_kernel(
     qk = tl.zeros((KC,), tl.float32)
     for c in range(0, K, KC):
       k_raw = tl.load(k_row + c + k_cols)
-      q_hat = tl.math.div_rn(tl.load(q_row + c + k_cols).to(tl.float32), q_norm) * (K ** -0.5)
-      k_hat = tl.math.div_rn(k_raw.to(tl.float32), k_norm)
+      q_hat = tl.load(q_row + c + k_cols).to(tl.float32) * q_inv * (K ** -0.5)
+      k_hat = k_raw.to(tl.float32) * k_inv
       S0 = tl.load(checkpoint + c)  # [BV, KC]
       S0_q += S0 * q_hat[None, :]
       S0_k += S0 * k_hat[None, :]
