@@ -435,6 +435,16 @@ def test_resource_usage_reads_ptxas():
   assert 32 <= usage["n_regs"] <= 255
 
 
+@compiles
+def test_compile_sm90_after_jax_triton_cleared_the_cache_dir(monkeypatch):
+  """jax-triton 0.3.1 (the device's) sets ``TRITON_CACHE_DIR`` to "" when imported, after which
+  a plain ``triton.compile`` raises; the compile checks must still run in that process."""
+  monkeypatch.setenv("TRITON_CACHE_DIR", "")
+  launch = compile_check.launches(**compile_check.ANCHOR)["recurrent_decode"]
+  assert resource_usage(compile_sm90(launch))["spill_stores"] == 0
+  assert os.environ["TRITON_CACHE_DIR"] == ""  # left as jax-triton set it
+
+
 # ----------------------------------------------------------------------------- interpreter
 
 

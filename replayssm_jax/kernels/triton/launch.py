@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 import subprocess
 import tempfile
@@ -194,9 +195,26 @@ def compile_sm90(launch: Launch, capability: int = 90):
   attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
   source = triton.compiler.ASTSource(fn=launch.kernel, signature=sig,
                                      constexprs=launch.constexprs, attrs=attrs)
-  return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                        options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages,
-                                     enable_fp_fusion=launch.fp_fusion))
+  with _triton_cache_dir():
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                          options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages,
+                                       enable_fp_fusion=launch.fp_fusion))
+
+
+@contextlib.contextmanager
+def _triton_cache_dir():
+  """A cache directory for ``triton.compile``, which writes every stage there and fails
+  ("Could not create or locate cache dir") without one: importing jax-triton sets
+  ``TRITON_CACHE_DIR`` to "" for the process, so once a kernel has run, a temporary one."""
+  if os.environ.get("TRITON_CACHE_DIR") != "":
+    yield
+    return
+  with tempfile.TemporaryDirectory() as cache:
+    os.environ["TRITON_CACHE_DIR"] = cache
+    try:
+      yield
+    finally:
+      os.environ["TRITON_CACHE_DIR"] = ""
 
 
 def resource_usage(compiled, capability: int = 90) -> dict[str, int]:
