@@ -9,7 +9,7 @@ The kernel tests take a ``mode``:
   executes these in a subprocess (`test_interpreter_run`); they skip elsewhere.
 
 The compile tests need no GPU: every kernel is compiled for sm_90 with the triton wheel's
-compiler and ptxas, checked for spills, and the state kernels are checked to hold their tile
+compiler and ptxas, its cubin checked for spills, and the state kernels are checked to hold their tile
 in one layout and to round alike (no contracted multiply-adds): the CPU-side proxies for the
 fold's bitwise tie; the GPU tests check the bits.
 """
@@ -42,7 +42,8 @@ from replayssm_jax.kernels import fold as pallas_fold  # noqa: E402
 from replayssm_jax.kernels import triton as triton_kernels  # noqa: E402
 from replayssm_jax.kernels.backend import KernelTuning  # noqa: E402
 from replayssm_jax.kernels.triton import compile_check  # noqa: E402
-from replayssm_jax.kernels.triton.launch import Launch, compile_sm90, resource_usage  # noqa: E402
+from replayssm_jax.kernels.triton.launch import (Launch, compile_sm90, local_bytes,  # noqa: E402
+                                                 resource_usage)
 from replayssm_jax.kernels.triton.launch import run as run_launch  # noqa: E402
 from replayssm_jax.kernels.triton.replay_verify import RING_NAMES, replay_form  # noqa: E402
 from replayssm_jax.kernels.triton import tile  # noqa: E402
@@ -428,11 +429,26 @@ def test_state_kernels_contract_nothing_but_written_fmas():
 
 
 @compiles
-def test_resource_usage_reads_ptxas():
+def test_resource_usage_reads_the_cubin():
   launch = compile_check.launches(**compile_check.ANCHOR)["exact_fold_L16"]
   usage = resource_usage(compile_sm90(launch))
   assert set(usage) == {"n_regs", "spill_stores", "spill_loads", "shared_bytes"}
   assert 32 <= usage["n_regs"] <= 255
+
+
+def test_local_bytes_counts_spills_by_width():
+  sass = """
+        /*25b0*/                   STL [R1], R10 ;
+        /*25c0*/                   STL.64 [R1+0x8], R12 ;
+        /*25d0*/              @!P0 STL.128 [R1+0x10], R16 ;
+        /*5440*/                   LDL.LU R104, [R1] ;
+        /*5450*/                   LDL.U8 R3, [R1+0x20] ;
+        /*5460*/                   LDG.E.64 R28, desc[UR8][R10.64] ;
+        /*5470*/                   STS.128 [R145+0x8000], R4 ;
+  """
+  assert local_bytes(sass, "STL") == 4 + 8 + 16
+  assert local_bytes(sass, "LDL") == 4 + 1
+  assert local_bytes("LDG.E R1, desc[UR4][R2.64] ;", "LDL") == 0
 
 
 @compiles

@@ -3,8 +3,9 @@
 ``python -m replayssm_jax.kernels.triton.compile_check [--json]`` compiles the launches of the
 anchor geometry (HV=32, H=16, K=V=128, T=4, L=16, bf16 activations and rings, fp32
 checkpoint; the decode-shaped kernels at T=1) with the backend's default tunings, exactly as
-jax-triton would specialise them, and prints ``ptxas -v``'s registers and spill bytes. No GPU
-is needed: Triton compiles to PTX and the ptxas of the triton wheel assembles it.
+jax-triton would specialise them, and prints the registers and spill bytes of the cubins
+(`launch.resource_usage`). No GPU is needed: Triton compiles to PTX and the ptxas of the triton
+wheel assembles it, with Triton's own flags.
 """
 
 from __future__ import annotations
