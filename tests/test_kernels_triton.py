@@ -9,9 +9,9 @@ The kernel tests take a ``mode``:
   executes these in a subprocess (`test_interpreter_run`); they skip elsewhere.
 
 The compile tests need no GPU: every kernel is compiled for sm_90 with the triton wheel's
-compiler and ptxas, its cubin checked for spills, and the state kernels are checked to hold their tile
-in one layout and to round alike (no contracted multiply-adds): the CPU-side proxies for the
-fold's bitwise tie; the GPU tests check the bits.
+compiler and ptxas, its cubin checked for spills, and the state kernels are checked to hold
+their tile in one layout and to round alike (no contracted multiply-adds): the CPU-side proxies
+for the fold's bitwise tie; the GPU tests check the bits.
 """
 
 from __future__ import annotations

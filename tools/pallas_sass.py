@@ -2,9 +2,9 @@
 
 JAX lowers a Pallas call for an abstract H200 (as `tests/test_lowering.py` does) to a Triton
 module; the triton wheel (the ``triton`` extra) compiles that module for sm_90a, and its
-cuobjdump reads the registers, the spills and the SASS from the cubin. On the GPU, XLA compiles the same
-module with its own Triton and ptxas, so what this prints approximates the device. The exact
-fold has 128 registers and 364 instructions a loop iteration here, 127 and 373 in run 22's
+cuobjdump reads the registers, the spills and the SASS from the cubin. On the GPU, XLA compiles
+the same module with its own Triton and ptxas, so what this prints approximates the device. The
+exact fold has 128 registers and 364 instructions a loop iteration here, 127 and 373 in run 22's
 Nsight Compute profile (`benchmarks/ncu/run22_fold_b256.txt`); the coefficients kernel (T=4,
 B=256) 127 registers and 2592 instructions, 128 and 2869 in run 20's. The pipelined stream
 kernels are undercounted: B=64, the stream 63 registers here and 80 on the device, the stream
