@@ -47,9 +47,9 @@ def test_the_fold_compiles_for_sm90(tmp_path):
   assert dict(loop["mix"])["FFMA"] > 64  # the K-sum's and the update's multiply-adds
 
 
-def test_a_triton_backend_kernel_compiles_for_sm90(tmp_path):
+def test_a_triton_backend_kernel_compiles_for_sm90():
   pytest.importorskip("triton")
-  r = pallas_sass.triton_backend_sm90("exact_fold_L16", tmp_path)
+  r = pallas_sass.triton_backend_sm90("exact_fold_L16")
   assert r["name"].startswith("triton_exact_fold_L16") and r["spill_stores"] == 0
   # The record loop, 64 state elements a thread: the update's 64 fmas and some of the K-sum's
   # (3.6 chains the chunks, 3.7+ pairs them first); fewer multiplies than the decay's and the
@@ -58,4 +58,4 @@ def test_a_triton_backend_kernel_compiles_for_sm90(tmp_path):
   mix = dict(loop["mix"])
   assert mix["FFMA"] > 64 and 64 <= mix["FMUL"] < 128
   with pytest.raises(ValueError, match="the triton backend's are"):
-    pallas_sass.triton_backend_sm90("fold", tmp_path)
+    pallas_sass.triton_backend_sm90("fold")

@@ -35,7 +35,6 @@ import collections
 import contextlib
 import functools
 import re
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -137,10 +136,10 @@ def compile_sm90(module: dict, workdir: Path) -> dict:
   compiled = triton.compile(str(ttir), target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=module["num_warps"],
                                          num_stages=module["num_stages"]))
-  return sass_report(compiled, module["name"], module["num_warps"], workdir)
+  return sass_report(compiled, module["name"], module["num_warps"])
 
 
-def triton_backend_sm90(kernel: str, workdir: Path) -> dict:
+def triton_backend_sm90(kernel: str) -> dict:
   """The triton backend's kernel ``kernel`` (a name of `compile_check.launches`, at its anchor
   geometry and default tunings) compiled for sm_90a, as `compile_sm90` reports it."""
   from replayssm_jax.kernels.triton import compile_check
@@ -150,21 +149,15 @@ def triton_backend_sm90(kernel: str, workdir: Path) -> dict:
   if kernel not in launches:
     raise ValueError(f"kernel={kernel!r}; the triton backend's are {sorted(launches)}.")
   launch = launches[kernel]
-  return sass_report(compile_launch(launch), launch.name, launch.num_warps, workdir)
+  return sass_report(compile_launch(launch), launch.name, launch.num_warps)
 
 
-def sass_report(compiled, name: str, num_warps: int, workdir: Path) -> dict:
+def sass_report(compiled, name: str, num_warps: int) -> dict:
   """Registers, spills, SASS and loops of a kernel Triton compiled for sm_90a."""
-  from triton.backends.nvidia.compiler import get_ptxas
+  from replayssm_jax.kernels.triton.launch import cubin_listing, resource_usage
 
-  from replayssm_jax.kernels.triton.launch import resource_usage
-
-  usage = resource_usage(compiled)
-  cubin = workdir / f"{name}.cubin"
-  cubin.write_bytes(compiled.asm["cubin"])
-  cuobjdump = Path(get_ptxas(90).path).with_name("cuobjdump")
-  sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
-                        check=True).stdout
+  listing = cubin_listing(compiled)
+  usage, sass = resource_usage(compiled, listing=listing), listing[1]
   instructions = [m.groups() for m in
                   (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
                    for line in sass.splitlines()) if m]
@@ -209,7 +202,7 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   with tempfile.TemporaryDirectory() as tmp:
     if args.backend == "triton":
-      reports = [triton_backend_sm90(args.kernel, Path(tmp))]
+      reports = [triton_backend_sm90(args.kernel)]
     else:
       fn, shapes = call(args.kernel, args.batch, args.T, args.ring, interpret=False, **args.kw)
       reports = [compile_sm90(module, Path(tmp)) for module in triton_modules(fn, shapes)]

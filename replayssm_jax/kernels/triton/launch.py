@@ -217,15 +217,9 @@ def _triton_cache_dir():
       os.environ["TRITON_CACHE_DIR"] = ""
 
 
-def resource_usage(compiled, capability: int = 90) -> dict[str, int]:
-  """Registers, spills and shared memory of a compiled kernel, read from its cubin: what runs.
-
-  A second ``ptxas -v`` over the PTX would not see Triton's own ptxas flags (triton 3.9 adds
-  ``--regAllocOptLevel=2``: its UT form then takes 178 registers and no spill, where a plain
-  ptxas reported 168 and 8 bytes). Registers: ``cuobjdump -res-usage``; spills: the bytes of
-  the SASS's local-memory stores and loads (``STL`` / ``LDL``; the kernels keep no local
-  arrays, so each is a spill), as ptxas counts them.
-  """
+def cubin_listing(compiled, capability: int = 90) -> tuple[str, str]:
+  """``cuobjdump -res-usage`` and ``cuobjdump -sass`` of a compiled kernel's cubin (the
+  cuobjdump bundled with the triton wheel)."""
   from triton.backends.nvidia.compiler import get_ptxas
 
   cuobjdump = os.path.join(os.path.dirname(get_ptxas(capability).path), "cuobjdump")
@@ -234,6 +228,21 @@ def resource_usage(compiled, capability: int = 90) -> dict[str, int]:
     cubin.flush()
     usage, sass = (subprocess.run([cuobjdump, flag, cubin.name], capture_output=True, text=True,
                                   check=True).stdout for flag in ("-res-usage", "-sass"))
+  return usage, sass
+
+
+def resource_usage(compiled, capability: int = 90, *,
+                   listing: tuple[str, str] | None = None) -> dict[str, int]:
+  """Registers, spills and shared memory of a compiled kernel, read from its cubin: what runs.
+
+  A second ``ptxas -v`` over the PTX would not see Triton's own ptxas flags (triton 3.9 adds
+  ``--regAllocOptLevel=2``: its UT form then takes 178 registers and no spill, where a plain
+  ptxas reported 168 and 8 bytes). Registers: ``cuobjdump -res-usage``; spills: the bytes of
+  the SASS's local-memory stores and loads (``STL`` / ``LDL``; the kernels keep no local
+  arrays, so each is a spill), as ptxas counts them. ``listing``: the kernel's `cubin_listing`,
+  if the caller has it already.
+  """
+  usage, sass = listing or cubin_listing(compiled, capability)
   return dict(n_regs=int(re.search(r"REG:(\d+)", usage).group(1)),
               spill_stores=local_bytes(sass, "STL"), spill_loads=local_bytes(sass, "LDL"),
               shared_bytes=compiled.metadata.shared)
