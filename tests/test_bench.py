@@ -62,6 +62,24 @@ def test_device_timing_sums_kernels_and_spans_each_call():
   assert timing._device_timing(serial, 2, 1, []) is None  # three kernels for two calls
 
 
+@pytest.mark.parametrize("mode", ["write", "read"])
+def test_l2_flusher_passes_over_its_buffer(mode):
+  """`timing._l2_flusher` runs one jitted pass a call: "write" rewrites its buffer in place
+  (do_bench's dirty L2), "read" only reduces it (a clean L2); "none" and zero bytes give no
+  pass, and an unknown mode is refused by name."""
+  flush, events = timing._l2_flusher(1 << 16, mode)
+  assert events >= 0
+  out = np.asarray(flush())  # the fifth pass: one warm-up, three counting the device events
+  if mode == "write":
+    np.testing.assert_array_equal(out, np.full(1 << 14, 5.0, np.float32))
+  else:
+    np.testing.assert_array_equal(out, np.zeros(2, np.float32))  # two rows of 8192 zeros
+  assert timing._l2_flusher(1 << 16, "none") == (None, 0)
+  assert timing._l2_flusher(0, mode) == (None, 0)
+  with pytest.raises(ValueError, match="'dirty'.*'write', 'read', 'none'"):
+    timing._l2_flusher(1 << 16, "dirty")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--triton-split-min-batch", "16", "none"], "applies to --backend triton only"),
     (["--backend", "triton", "--triton-split-min-batch", "0", "16"], "no batch size"),

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from replayssm_jax.bench import timing
 from replayssm_jax.bench.kernels import GEOMETRY, copy_bandwidth
 from replayssm_jax.bench.timing import time_calls
 from replayssm_jax.kernels.backend import KernelTuning, interpret_mode, mma_algorithm
@@ -168,7 +169,10 @@ def main(argv=None) -> int:
   p.add_argument("--batch", type=int, nargs="+", default=[256, 64])
   p.add_argument("--reps", type=int, default=20)
   p.add_argument("--out", default="read_ceiling.json")
+  p.add_argument("--l2-flush", choices=timing.L2_FLUSHES, default=timing.L2_FLUSH,
+                 help="how the pass before each timed call leaves L2 (bench.timing.L2_FLUSH)")
   args = p.parse_args(argv)
+  timing.L2_FLUSH = args.l2_flush
   g = GEOMETRY
   copy, _ = copy_bandwidth()
   rows = [dict(kind="copy", tbps=round(copy / 1e12, 3))]
@@ -203,8 +207,8 @@ def main(argv=None) -> int:
         print(f"B={B} {kind} {launch}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
         rows.append(dict(kind=kind, B=B, launch=launch, error=str(e)[:300]))
   with open(args.out, "w") as f:
-    json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, rows=rows), f,
-              indent=1)
+    json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
+                   l2_flush=args.l2_flush, rows=rows), f, indent=1)
   return 0
 
 

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replayssm_jax import GDNConfig, SpecConfig, ssm
+from replayssm_jax.bench import timing as bench_timing
 from replayssm_jax.bench.timing import Timing, time_calls
 from replayssm_jax.kernels import backend as kernel_backend
 from replayssm_jax.kernels import fold as fold_kernels
@@ -415,6 +416,10 @@ def main(argv=None) -> int:
                  default=replay_split.STREAM_EARLY,
                  help="what of the split verify stream's epilogue comes before its K-loop "
                       "(kernels.replay_split.STREAM_EARLY)")
+  p.add_argument("--l2-flush", choices=bench_timing.L2_FLUSHES, default=bench_timing.L2_FLUSH,
+                 help="how the 256 MiB pass before each timed call leaves L2: dirty lines "
+                      "('write', as do_bench), clean lines ('read') or no pass ('none') "
+                      "(bench.timing.L2_FLUSH)")
   args = p.parse_args(argv)
   fuse_fold_below = (dict(ssm.FUSE_FOLD_BELOW) if args.stream_fold is None
                      else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
@@ -440,7 +445,7 @@ def main(argv=None) -> int:
                 fold_prefetch_records_to=args.fold_prefetch_records_to,
                 fold_prefetch_tile_ahead=args.fold_prefetch_tile_ahead,
                 stream_fold_prefetch_records_to=args.stream_fold_prefetch_records_to,
-                stream_early=args.stream_early, rows=rows)
+                stream_early=args.stream_early, l2_flush=args.l2_flush, rows=rows)
 
   def save():
     with open(args.out, "w") as f:
@@ -458,7 +463,8 @@ def main(argv=None) -> int:
            (fold_kernels, "FOLD_PREFETCH_TILE_AHEAD"): args.fold_prefetch_tile_ahead,
            (replay_split, "STREAM_FOLD_PREFETCH_RECORDS_TO"):
                args.stream_fold_prefetch_records_to,
-           (replay_split, "STREAM_EARLY"): args.stream_early}
+           (replay_split, "STREAM_EARLY"): args.stream_early,
+           (bench_timing, "L2_FLUSH"): args.l2_flush}
   if args.backend == "triton":
     # By sys.modules: the package's attribute of this name is the function, not the module.
     triton_forms = importlib.import_module("replayssm_jax.kernels.triton.replay_verify")

@@ -3,8 +3,9 @@
 Each call of the measured jitted function is run under `jax.profiler.trace`; the
 device kernels of the trace are grouped per call (every call launches the same
 kernels in the same order) and summed, so launch gaps and host work are not
-counted. On a GPU a 256 MiB write runs before every call (untimed), so each call
-starts with a cold L2, as in the anchor's `triton.testing.do_bench`. Where the profiler yields no device events (a CPU, or a profiler
+counted. On a GPU a 256 MiB pass runs before every call (untimed), so each call
+starts with a cold L2 (`L2_FLUSHES`): by default a write, as in the anchor's
+`triton.testing.do_bench`. Where the profiler yields no device events (a CPU, or a profiler
 failure) the timing falls back to the host clock around ``block_until_ready``,
 and the result says so.
 """
@@ -77,32 +78,52 @@ def _device_events(trace_dir: str) -> list[tuple[float, float, str]]:
   return sorted(events)
 
 
-def _l2_flusher(nbytes: int):
-  """A jitted write of ``nbytes`` (evicts L2 between timed calls, as do_bench does) and its
-  number of device events per call (0 when no flush is wanted)."""
-  if nbytes <= 0:
+# How the 256 MiB pass before each timed call leaves L2 (60 MB on an H200):
+# * "write": ``b + 1`` in place, as do_bench's ``cache.zero_()``: L2 ends full of dirty lines,
+#   which the timed call's first misses write back to HBM beside its own traffic;
+# * "read": a row sum of the buffer: L2 ends full of clean lines, as after a kernel that
+#   streamed weights, so the timed call pays its own bytes only;
+# * "none": no pass (warm L2 where the call's data fits).
+L2_FLUSHES = ("write", "read", "none")
+L2_FLUSH = "write"  # the default of `time_calls`; `bench.kernels --l2-flush` sets it
+
+
+def _l2_flusher(nbytes: int, mode: str = "write"):
+  """A jitted pass over ``nbytes`` that evicts L2 between timed calls (``mode`` as in
+  `L2_FLUSHES`; each call returns what its pass wrote) and its number of device events per
+  call (0 when no flush is wanted)."""
+  if mode not in L2_FLUSHES:
+    raise ValueError(f"l2_flush={mode!r}: expected one of {L2_FLUSHES}.")
+  if nbytes <= 0 or mode == "none":
     return None, 0
-  buf = jnp.zeros((nbytes // 4,), jnp.float32)
-  flush = jax.jit(lambda b: b + 1.0, donate_argnums=0)
-  buf = jax.block_until_ready(flush(buf))
+  state = {"buf": jnp.zeros((nbytes // 4,), jnp.float32)}
+  if mode == "write":
+    write = jax.jit(lambda b: b + 1.0, donate_argnums=0)
+
+    def once():
+      state["buf"] = jax.block_until_ready(write(state["buf"]))
+      return state["buf"]
+  else:
+    read = jax.jit(lambda b: b.reshape(-1, 8192).sum(axis=1))
+
+    def once():
+      return jax.block_until_ready(read(state["buf"]))
+
+  once()
   try:
     with tempfile.TemporaryDirectory() as trace_dir:
       with jax.profiler.trace(trace_dir):
         for _ in range(3):
-          buf = jax.block_until_ready(flush(buf))
+          once()
       count = len(_device_events(trace_dir))
   except Exception:
     count = 0
-  state = {"buf": buf}
-
-  def run():
-    state["buf"] = jax.block_until_ready(flush(state["buf"]))
-
-  return run, (count // 3 if count % 3 == 0 else -1)
+  return once, (count // 3 if count % 3 == 0 else -1)
 
 
 def time_calls(fn: Callable, state, *, args: tuple = (), reps: int = 50, warmup: int = 3,
-               l2_flush_bytes: int | None = None) -> tuple[Timing, object]:
+               l2_flush_bytes: int | None = None,
+               l2_flush: str | None = None) -> tuple[Timing, object]:
   """Time ``state = fn(state, *args)`` (``fn`` jitted, usually donating ``state``).
 
   Args:
@@ -112,15 +133,16 @@ def time_calls(fn: Callable, state, *, args: tuple = (), reps: int = 50, warmup:
       passes in. (Closed over, an ``arange`` becomes an iota kernel in every call: ~0.6 us
       on an H200 at B=256.)
     reps, warmup: timed and untimed calls.
-    l2_flush_bytes: bytes written before every timed call so that each starts with a
+    l2_flush_bytes: bytes passed over before every timed call so that each starts with a
       cold L2 (default: 256 MiB on a GPU, none elsewhere). The flush is not timed.
+    l2_flush: how that pass leaves L2, one of `L2_FLUSHES` (default: `L2_FLUSH`).
 
   Returns:
     ``(timing, state)``: the timing and the state after the last call.
   """
   if l2_flush_bytes is None:
     l2_flush_bytes = 256 << 20 if jax.default_backend() in ("gpu", "cuda", "rocm") else 0
-  flush, flush_events = _l2_flusher(l2_flush_bytes)
+  flush, flush_events = _l2_flusher(l2_flush_bytes, L2_FLUSH if l2_flush is None else l2_flush)
   for _ in range(warmup):
     state = fn(state, *args)
   jax.block_until_ready(state)
