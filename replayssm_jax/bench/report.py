@@ -77,7 +77,8 @@ def main(argv=None) -> int:
   with open(args.results) as f:
     result = json.load(f)
   print(f"{result['device']}, jax {result['jax']}, {result['date']}; copy ceiling "
-        f"{result['copy_tbps']:.2f} TB/s; timing: {result['copy_method']}\n")
+        f"{result['copy_tbps']:.2f} TB/s; timing: {result['copy_method']}, L2 flushed by a "
+        f"{result.get('l2_flush', 'write')} pass\n")  # files before run 36: the write
   print(summary_table(result) + "\n")
   print(kernel_table(result))
   return 0
