@@ -92,6 +92,40 @@ def test_triton_split_min_batch_is_checked(argv, message, capsys):
   assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("knob, message", [
+    ("kernels.fold.FOLD_PREFETCH_TILE_AHEAD", "expected MODULE.NAME=VALUE"),
+    ("kernels.nowhere.X=1", "no module replayssm_jax.kernels.nowhere"),
+    ("kernels.fold.NO_SUCH_KNOB=1", "has no NO_SUCH_KNOB"),
+    ("kernels.fold.FOLD_PREFETCH_TILE_AHEAD=seven", "is not a Python literal"),
+])
+def test_set_is_checked(knob, message, capsys):
+  """``--set`` takes MODULE.NAME=VALUE of an existing constant and a literal, else the run
+  stops before anything is timed, saying which part is wrong."""
+  with pytest.raises(SystemExit):
+    kernels.main(["--tiny", "--set", knob])
+  assert message in capsys.readouterr().err
+
+
+def test_set_holds_a_knob_for_the_run(tmp_path, monkeypatch):
+  """``--set`` holds its value while the paths are timed (over the knob's own flag, here
+  ``--fold-prefetch-tile-ahead``), records it in the results, and restores the knob after."""
+  seen = []
+
+  def batch(B, **kw):
+    seen.append(fold.FOLD_PREFETCH_TILE_AHEAD)
+    return iter(())
+
+  monkeypatch.setattr(kernels, "bench_batch", batch)
+  before = fold.FOLD_PREFETCH_TILE_AHEAD
+  out = tmp_path / "results.json"
+  assert kernels.main(["--tiny", "--batch", "2", "--copy-gib", "0.004", "--out", str(out),
+                       "--fold-prefetch-tile-ahead", "3",
+                       "--set", "kernels.fold.FOLD_PREFETCH_TILE_AHEAD=7"]) == 0
+  assert seen == [7] and fold.FOLD_PREFETCH_TILE_AHEAD == before
+  assert json.loads(out.read_text())["set"] == {
+      "replayssm_jax.kernels.fold.FOLD_PREFETCH_TILE_AHEAD": "7"}
+
+
 def test_bench_paths(tmp_path):
   """``--paths`` times the named groups and nothing else; an unknown group is refused."""
   out = tmp_path / "results.json"

@@ -42,6 +42,7 @@ from replayssm_jax.kernels import fold as pallas_fold  # noqa: E402
 from replayssm_jax.kernels import triton as triton_kernels  # noqa: E402
 from replayssm_jax.kernels.backend import KernelTuning  # noqa: E402
 from replayssm_jax.kernels.triton import compile_check  # noqa: E402
+from replayssm_jax.kernels.triton import replay_split as triton_split  # noqa: E402
 from replayssm_jax.kernels.triton.launch import (Launch, compile_sm90, local_bytes,  # noqa: E402
                                                  resource_usage)
 from replayssm_jax.kernels.triton.launch import run as run_launch  # noqa: E402
@@ -196,6 +197,25 @@ def test_replay_verify(c: replay_tests.Case, form, mode):
   """Against the float64 oracle and the reference; each ring entry written right or untouched."""
   if form == "vec" and c.T != 1:
     pytest.skip("the triton vector form is the T=1 (decode) specialisation")
+  check_replay_verify(c, form)
+
+
+@pytest.mark.parametrize("c", replay_tests.CASES, ids=[c.id for c in replay_tests.CASES])
+def test_split_coefficient_knobs(c: replay_tests.Case, mode, monkeypatch):
+  """The split form with its coefficients kernel's untimed knobs on (NOTES run 36): the
+  window's own products on the tensor cores (`WINDOW_MMA`, bf16 windows of 2-4 rows) and
+  the value heads in a loop (`HEADS_LOOP`), checked as `test_replay_verify` checks it."""
+  monkeypatch.setattr(triton_split, "WINDOW_MMA", True)
+  monkeypatch.setattr(triton_split, "HEADS_LOOP", True)
+  jax.clear_caches()  # the jitted verify traces its launch, knobs and all
+  try:
+    check_replay_verify(c, "split")
+  finally:
+    jax.clear_caches()
+
+
+def check_replay_verify(c: replay_tests.Case, form: str) -> None:
+  """`test_replay_verify`'s checks of one case and form."""
   inp = replay_tests.make_inputs(c)
   out = triton_kernels.replay_verify(**inp, tuning=replay_tuning_for(c, form),
                                      dot_precision=c.precision, form=form)
@@ -352,6 +372,21 @@ def test_compiles_for_sm90_without_spills(geometry):
     print(f"{geometry} {name}: {row}")
     assert row["spill_stores"] == row["spill_loads"] == 0, (name, row)
     assert row["n_regs"] <= 255, (name, row)
+
+
+@compiles
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_coefficient_knobs_compile_without_spills(geometry, monkeypatch):
+  """The split coefficients kernel with `test_split_coefficient_knobs`' knobs compiles for an
+  H200 without spills at every geometry (NOTES run 36: 149 -> 91 registers at the anchor,
+  triton 3.6)."""
+  monkeypatch.setattr(triton_split, "WINDOW_MMA", True)
+  monkeypatch.setattr(triton_split, "HEADS_LOOP", True)
+  launches = {name: launch for name, launch in compile_check.launches(**GEOMETRIES[geometry]).items()
+              if "coefficients" in name}
+  for name, row in compile_check.report(launches).items():
+    print(f"{geometry} {name}: {row}")
+    assert row["spill_stores"] == row["spill_loads"] == 0, (name, row)
 
 
 def tile_shape(block_v: int, k_chunk: int, K: int = 128) -> str:

@@ -21,6 +21,7 @@ Paths (per layer; ``wp`` = write_pos of the rows; ``--paths`` times some groups 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import datetime
 import functools
@@ -352,6 +353,27 @@ def _rows_or_none(text: str) -> int | None:
   return rows
 
 
+def _knob(text: str) -> tuple[object, str, object]:
+  """``MODULE.NAME=VALUE`` (argparse type of ``--set``): a constant ``NAME`` of the module
+  ``replayssm_jax.MODULE``, set to the Python literal ``VALUE`` for the run."""
+  target, sep, literal = text.partition("=")
+  module_name, _, name = target.rpartition(".")
+  if not sep or not module_name or not name:
+    raise argparse.ArgumentTypeError(f"{text!r}: expected MODULE.NAME=VALUE, e.g. "
+                                     "kernels.triton.replay_split.WINDOW_MMA=True")
+  try:
+    module = importlib.import_module(f"replayssm_jax.{module_name}")
+  except ImportError as e:
+    raise argparse.ArgumentTypeError(f"{text!r}: no module replayssm_jax.{module_name} ({e})")
+  if not hasattr(module, name):
+    raise argparse.ArgumentTypeError(f"{text!r}: replayssm_jax.{module_name} has no {name}")
+  try:
+    value = ast.literal_eval(literal)
+  except (ValueError, SyntaxError):
+    raise argparse.ArgumentTypeError(f"{text!r}: {literal!r} is not a Python literal")
+  return module, name, value
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256, 512])
@@ -420,6 +442,9 @@ def main(argv=None) -> int:
                  help="how the 256 MiB pass before each timed call leaves L2: dirty lines "
                       "('write', as do_bench), clean lines ('read') or no pass ('none') "
                       "(bench.timing.L2_FLUSH)")
+  p.add_argument("--set", type=_knob, action="append", default=[], metavar="MODULE.NAME=VALUE",
+                 help="set a knob of replayssm_jax.MODULE for the run (repeatable), e.g. "
+                      "kernels.triton.replay_split.HEADS_LOOP=True")
   args = p.parse_args(argv)
   fuse_fold_below = (dict(ssm.FUSE_FOLD_BELOW) if args.stream_fold is None
                      else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
@@ -445,7 +470,9 @@ def main(argv=None) -> int:
                 fold_prefetch_records_to=args.fold_prefetch_records_to,
                 fold_prefetch_tile_ahead=args.fold_prefetch_tile_ahead,
                 stream_fold_prefetch_records_to=args.stream_fold_prefetch_records_to,
-                stream_early=args.stream_early, l2_flush=args.l2_flush, rows=rows)
+                stream_early=args.stream_early, l2_flush=args.l2_flush,
+                set={f"{module.__name__}.{name}": repr(value) for module, name, value in args.set},
+                rows=rows)
 
   def save():
     with open(args.out, "w") as f:
@@ -464,7 +491,8 @@ def main(argv=None) -> int:
            (replay_split, "STREAM_FOLD_PREFETCH_RECORDS_TO"):
                args.stream_fold_prefetch_records_to,
            (replay_split, "STREAM_EARLY"): args.stream_early,
-           (bench_timing, "L2_FLUSH"): args.l2_flush}
+           (bench_timing, "L2_FLUSH"): args.l2_flush,
+           **{(module, name): value for module, name, value in args.set}}
   if args.backend == "triton":
     # By sys.modules: the package's attribute of this name is the function, not the module.
     triton_forms = importlib.import_module("replayssm_jax.kernels.triton.replay_verify")

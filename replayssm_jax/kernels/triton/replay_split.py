@@ -74,6 +74,22 @@ INLINE_PRODUCT_WIDE = 4096
 # kernel (`replay_split.COEFFICIENT_KEY_MMA`). H200, T=4 (benchmarks/NOTES.md run 31): the
 # kernel at B=256 47.0 -> 32.0 us, B=64 13.8 -> 12.8.
 KEY_MMA_MIN_ROWS = 2
+# Two knobs of the coefficients kernel for windows of KEY_MMA_MIN_ROWS to SMALL_WINDOW_ROWS
+# rows, untimed (benchmarks/NOTES.md run 36; sm_90 compiles only, so both off):
+# - WINDOW_MMA (bf16 activations): the window's own products ``q_hat k_hat^T`` and
+#   ``k_hat k_hat^T`` from one more tensor-core dot of the raw stacked window, ``X X^T``
+#   (``[XP, XP]``), whose bf16 products are exact and summed in fp32 (not tf32: the UT solve
+#   amplifies their error), its ``[q; k]`` blocks picked and scaled by the norms afterwards,
+#   in place of two written-out ``[TQ, TQ, KC]`` products (their sums over K are warp shuffles);
+# - HEADS_LOOP: the key head's value heads as a loop, not unrolled, so their chains no longer
+#   hold registers side by side.
+# Triton 3.6 at T=4: 149 registers (13 one-warp programs an SM: B=256's 4096 programs in 2.4
+# waves), 128 with the loop, 91 with both (21 an SM); executed SASS 2760 -> 2650 -> 2423.
+# Wider windows spill with the dot (the ``[TQ, XP, XP]`` pick: ~900 bytes at T=16; 4 bytes at
+# T=8 under triton 3.9).
+SMALL_WINDOW_ROWS = 4
+WINDOW_MMA = False
+HEADS_LOOP = False
 # The stream epilogue's products with its [T, T] coefficients and eq (P v, Dy Y, Eq Y, M D),
 # padded to 16-row tiles: "ieee" lowers them to CUDA-core FMA loops, 1024 a thread, about 44% of
 # the stream's instructions; "tf32x3" runs each as three tf32 MMAs (fp32-level error, after the
@@ -115,6 +131,15 @@ def _stacked_rows(Y, first, s, x_rows):
 
 
 @triton.jit
+def _stacked_block(Y, first_row, first_col, s, x_rows):
+  """``Y[first_row + s, first_col + s']`` (``Y``: ``[XP, XP]``, rows and columns ``x_rows``) as
+  a ``[len(s), len(s)]`` tile, picked exactly."""
+  rows = _stacked_rows(Y, first_row, s, x_rows)  # [len(s), XP]
+  pick = x_rows[None, None, :] == (first_col + s)[None, :, None]
+  return tl.sum(tl.where(pick, rows[:, None, :], 0.0), axis=2)
+
+
+@triton.jit
 def _inline_nt(x, y):
   """``x @ y^T`` over the last axes, written out as a multiply and a sum (exact fp32): the
   window's products are too small for a tensor-core tile (16 rows) to pay."""
@@ -138,12 +163,13 @@ def _coefficients_kernel(
     ring_k_ptr, ring_g_ptr, ring_beta_ptr, ring_rawk_ptr,
     T: tl.constexpr, TQ: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KC: tl.constexpr, KEY_MMA: tl.constexpr,
-    PRECISION: tl.constexpr,
+    WINDOW_MMA: tl.constexpr, HEADS_UNROLL: tl.constexpr, PRECISION: tl.constexpr,
 ):
   """The window in ``TQ = next_power_of_two(T)`` rows, its own products written out in exact
   fp32 (`_inline_nt`), K-chunks small enough that a ``[TQ, LP, KC]`` product stays in
   registers. With ``KEY_MMA`` the key history products are one tensor-core dot of the raw
-  window stacked in XP rows, ``[q; k] K_hist^T``, whose rows are then scaled by the norms."""
+  window stacked in XP rows, ``[q; k] K_hist^T``, whose rows are then scaled by the norms;
+  with ``WINDOW_MMA`` (bf16 raw window) its own products too, from ``[q; k] [q; k]^T``."""
   kh, row = tl.program_id(0), tl.program_id(1)
   slot = tl.load(slot_ids_ptr + row).to(tl.int64)
   if slot >= 0:  # padding rows: the stream reads none of this
@@ -165,6 +191,7 @@ def _coefficients_kernel(
     qk, kk = tl.zeros((TQ, TQ), tl.float32), tl.zeros((TQ, TQ), tl.float32)
     x_ptrs, x_in, x_rows = _stacked_window(q_row, k_row, T, XP, H, K, k_cols)
     XK = tl.zeros((XP, LP), tl.float32)  # KEY_MMA: [q; k] K_hist^T, raw
+    XX = tl.zeros((XP, XP), tl.float32)  # WINDOW_MMA: [q; k] [q; k]^T, raw
     for c in range(0, K, KC):
       k_raw, q_hat, k_hat = window_chunk(q_row, k_row, window_keys + c, in_window, q_scale, k_inv)
       k_hist = tl.load(ring_k_in_ptr + key_head * K + history_keys + c)  # whole, then selected
@@ -175,12 +202,15 @@ def _coefficients_kernel(
           XK += mma(x, tl.trans(k_hist), PRECISION)
         else:
           XK += mma(x.to(tl.float32), tl.trans(k_hist.to(tl.float32)), PRECISION)
+        if WINDOW_MMA:  # bf16 x: exact products, fp32 sums
+          XX += tl.dot(x, tl.trans(x), out_dtype=tl.float32)
       else:
         k_hist = tl.where(valid[:, None], k_hist.to(tl.float32), 0.0)
         XK_q += _inline_nt(q_hat, k_hist)
         XK_k += _inline_nt(k_hat, k_hist)
-      qk += _inline_nt(q_hat, k_hat)
-      kk += _inline_nt(k_hat, k_hat)
+      if not WINDOW_MMA:
+        qk += _inline_nt(q_hat, k_hat)
+        kk += _inline_nt(k_hat, k_hat)
       tl.store(ring_k_ptr + key_head * K + record_keys + c,
                k_hat.to(ring_k_ptr.dtype.element_ty), mask=in_window[:, None])
       tl.store(ring_rawk_ptr + key_head * K + record_keys + c, k_raw, mask=in_window[:, None])
@@ -190,9 +220,12 @@ def _coefficients_kernel(
     if KEY_MMA:
       XK_q = s_q[:, None] * _stacked_rows(XK, 0, s, x_rows)
       XK_k = s_k[:, None] * _stacked_rows(XK, XP // 2, s, x_rows)
+    if WINDOW_MMA:
+      qk = s_q[:, None] * _stacked_block(XX, 0, XP // 2, s, x_rows) * s_k[None, :]
+      kk = s_k[:, None] * _stacked_block(XX, XP // 2, XP // 2, s, x_rows) * s_k[None, :]
 
     window_t = in_window[:, None] & in_window[None, :]
-    for i in tl.static_range(HV // H):  # the key head's value heads
+    for i in tl.range(0, HV // H, loop_unroll_factor=HEADS_UNROLL):  # the key head's value heads
       h = kh * (HV // H) + i
       value_head = (slot * HV + h) * L  # ring row 0 of the value head (ring_g, ring_beta)
       decay_all, w, _ = history_weights(tl.load(ring_g_in_ptr + value_head + ring_rows), p,
@@ -367,6 +400,9 @@ def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_l
   B, T = q.shape[:2]
   TQ = next_power_of_two(T)
   key_mma = TQ >= KEY_MMA_MIN_ROWS and dot_precision != "ieee"
+  small = key_mma and TQ <= SMALL_WINDOW_ROWS
+  window_mma = WINDOW_MMA and small and jnp.dtype(q.dtype) == jnp.bfloat16
+  heads_loop = HEADS_LOOP and small
   # K-chunks of at most INLINE_PRODUCT elements of the largest written-out product: [TQ, LP, KC]
   # of the key history, or with KEY_MMA [TQ, TQ, KC] of the window and a tl.dot's 16.
   product = INLINE_PRODUCT.get(TQ, INLINE_PRODUCT_WIDE)
@@ -375,7 +411,8 @@ def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_l
   kc = min(dims["K"], kc)
   return Launch(
       kernel=_coefficients_kernel,
-      name=f"triton_replay_coefficients_T{T}_kc{kc}{'_mma' if key_mma else ''}",
+      name=(f"triton_replay_coefficients_T{T}_kc{kc}{'_mma' if key_mma else ''}"
+            f"{'_wmma' if window_mma else ''}{'_hloop' if heads_loop else ''}"),
       grid=(dims["H"], B),
       inputs=dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, a=a,
                   b=b, A_log=A_log, dt_bias=dt_bias, ring_k=ring_k, ring_g=ring_g,
@@ -383,6 +420,8 @@ def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_l
       outputs=dict(**_scratch(B, T, dims["HV"], dims["LP"]), ring_k="ring_k", ring_g="ring_g",
                    ring_beta="ring_beta", ring_rawk="ring_rawk"),
       constexprs=dict(dims, TQ=TQ, XP=max(MIN_DOT, 2 * TQ), KC=kc, KEY_MMA=key_mma,
+                      WINDOW_MMA=window_mma,
+                      HEADS_UNROLL=1 if heads_loop else dims["HV"] // dims["H"],
                       PRECISION=_key_precision(q, ring_k, dot_precision)),
       num_warps=COEFFICIENT_WARPS, num_stages=1)
 
