@@ -16,6 +16,8 @@ GPU; the schedule, and so the speed, needs the GPU.
     PYTHONPATH=$PWD python tools/pallas_sass.py fold [--kw "{'prefetch_at': 'start'}"]
     PYTHONPATH=$PWD python tools/pallas_sass.py replay_verify --T 4 --batch 256 --sass /tmp/sass
     PYTHONPATH=$PWD python tools/pallas_sass.py --backend triton exact_fold_L16
+    PYTHONPATH=$PWD python tools/pallas_sass.py --backend triton replay_split_coefficients_T4 \
+        --set kernels.triton.replay_split.HEADS_LOOP=True
 
 The triton backend's kernels (``--backend triton``) are compiled from their own launches at
 `kernels.triton.compile_check`'s anchor geometry; run it with the H200's triton (3.6) for the
@@ -199,7 +201,13 @@ def main(argv=None) -> int:
   p.add_argument("--kw", default="{}", type=ast.literal_eval,
                  help="extra keyword arguments as a dict literal, e.g. \"{'prefetch': False}\"")
   p.add_argument("--sass", type=Path, help="write each kernel's SASS into this folder")
+  p.add_argument("--set", type=bench._knob, action="append", default=[],
+                 metavar="MODULE.NAME=VALUE",
+                 help="set a knob of replayssm_jax.MODULE first (repeatable), as "
+                      "bench.kernels --set, e.g. kernels.triton.replay_split.HEADS_LOOP=True")
   args = p.parse_args(argv)
+  for module, name, value in args.set:  # a tool's own process: nothing to restore
+    setattr(module, name, value)
   with tempfile.TemporaryDirectory() as tmp:
     if args.backend == "triton":
       reports = [triton_backend_sm90(args.kernel)]
