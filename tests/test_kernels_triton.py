@@ -214,10 +214,25 @@ def test_split_coefficient_knobs(c: replay_tests.Case, mode, monkeypatch):
     jax.clear_caches()
 
 
-def check_replay_verify(c: replay_tests.Case, form: str) -> None:
-  """`test_replay_verify`'s checks of one case and form."""
+VEC_CASES = [c for c in replay_tests.CASES if c.T == 1] + [
+    replay_tests.Case(3, 1, 16, 2, 4, 32, 32, 32, act="bfloat16", ring="bfloat16", pad_row=1,
+                      why="decode at K=32: two or four K-chunks")]
+
+
+@pytest.mark.parametrize("k_chunk", [8, 16])
+@pytest.mark.parametrize("c", VEC_CASES, ids=[c.id for c in VEC_CASES])
+def test_replay_verify_vec_k_chunks(c: replay_tests.Case, k_chunk, mode):
+  """The vector form over several K-chunks (`VEC_K_CHUNK`'s candidates), as
+  `test_replay_verify` checks it."""
+  check_replay_verify(c, "vec", KernelTuning(block_v=c.block_v, k_chunk=k_chunk))
+
+
+def check_replay_verify(c: replay_tests.Case, form: str,
+                        tuning: KernelTuning | None = None) -> None:
+  """`test_replay_verify`'s checks of one case and form (at ``tuning``, default
+  `replay_tuning_for`'s)."""
   inp = replay_tests.make_inputs(c)
-  out = triton_kernels.replay_verify(**inp, tuning=replay_tuning_for(c, form),
+  out = triton_kernels.replay_verify(**inp, tuning=tuning or replay_tuning_for(c, form),
                                      dot_precision=c.precision, form=form)
   ref_out = replay_tests.reference_jit(**inp)
   o_oracle, d_oracle = replay_tests.np_oracle(inp)

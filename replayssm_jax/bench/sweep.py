@@ -58,7 +58,8 @@ STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
 TRITON_REPLAY = [("ut", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
                  for bv, w, kc in [(64, 2, 32), (64, 4, 32), (32, 2, 32), (128, 4, 32)]] + [
     ("vec", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
-    for bv, w, kc in [(64, 4, 32), (32, 2, 32), (128, 4, 32), (64, 2, 32)]] + [
+    for bv, w, kc in [(64, 4, 32), (32, 2, 32), (128, 4, 32), (64, 2, 32), (128, 4, 16),
+                      (64, 2, 16)]] + [
     ("split", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=st))
     for bv, w, kc, st in [(128, 4, 64, 2), (64, 4, 64, 2), (64, 4, 64, 3), (64, 4, 32, 3),
                           (128, 8, 64, 2), (64, 2, 64, 2), (32, 2, 64, 3)]]

@@ -57,6 +57,14 @@ def state_tuning(V: int) -> KernelTuning:
   return KernelTuning(block_v=min(16, V), num_warps=1, k_chunk=16)
 
 
+# The vector form's K-chunk (decode below `replay_verify.SPLIT_MIN_BATCH`), 32 since run 5 (at
+# B=256). Its ``[BV, KC]`` accumulators set its registers (triton 3.6, sm_90 compile): 32 ->
+# 158 registers, 3 four-warp programs an SM, so B=16's 512 programs (row, value head) take
+# 1.29 waves; 16 -> 110 registers, 4 an SM, one wave, for 14% more instructions a program.
+# Untimed (benchmarks/NOTES.md run 36), so 32 until it is.
+VEC_K_CHUNK = 32
+
+
 def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
   """Launch parameters of the triton replay verify in its form for (T, B) (`replay_form`).
 
@@ -74,4 +82,5 @@ def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
 
   if replay_form(T, B) == "split":
     return KernelTuning(block_v=min(64, V), num_warps=2, k_chunk=64, num_stages=2)
-  return KernelTuning(block_v=min(128, V), num_warps=4, k_chunk=32)
+  return KernelTuning(block_v=min(128, V), num_warps=4,
+                      k_chunk=VEC_K_CHUNK if replay_form(T, B) == "vec" else 32)
