@@ -44,7 +44,7 @@ from replayssm_jax.kernels.backend import KernelTuning  # noqa: E402
 from replayssm_jax.kernels.triton import compile_check  # noqa: E402
 from replayssm_jax.kernels.triton import replay_split as triton_split  # noqa: E402
 from replayssm_jax.kernels.triton.launch import (Launch, compile_sm90, local_bytes,  # noqa: E402
-                                                 resource_usage)
+                                                 programs_per_sm, resource_usage)
 from replayssm_jax.kernels.triton.launch import run as run_launch  # noqa: E402
 from replayssm_jax.kernels.triton.replay_verify import RING_NAMES, replay_form  # noqa: E402
 from replayssm_jax.kernels.triton import tile  # noqa: E402
@@ -484,6 +484,20 @@ def test_resource_usage_reads_the_cubin():
   usage = resource_usage(compile_sm90(launch))
   assert set(usage) == {"n_regs", "spill_stores", "spill_loads", "shared_bytes"}
   assert 32 <= usage["n_regs"] <= 255
+
+
+@pytest.mark.parametrize("regs, warps, shared, per_sm, seen", [
+    (128, 1, 0, 16, "the Pallas coefficients kernel, run 20's profile"),
+    (151, 1, 8192, 13, "the triton coefficients kernel's device registers, run 31"),
+    (80, 4, 66 * 1024, 3, "the Pallas stream: two 32 KB stages, run 8's profile"),
+    (128, 2, 21504, 8, "the masked triton stream, run 33's profile"),
+    (152, 2, 21504, 6, "the triton stream before, run 31's profile"),
+    (127, 2, 0, 8, "the Pallas fold, run 23's launch statistics"),
+    (32, 1, 0, 32, "the 32-program cap"),
+])
+def test_programs_per_sm_reads_as_the_profiles(regs, warps, shared, per_sm, seen):
+  """`launch.programs_per_sm` against what Nsight Compute reported on the H200."""
+  assert programs_per_sm(regs, warps, shared) == per_sm, seen
 
 
 def test_local_bytes_counts_spills_by_width():

@@ -4,7 +4,7 @@
 anchor geometry (HV=32, H=16, K=V=128, T=4, L=16, bf16 activations and rings, fp32
 checkpoint; the decode-shaped kernels at T=1) with the backend's default tunings, exactly as
 jax-triton would specialise them, and prints the registers and spill bytes of the cubins
-(`launch.resource_usage`). No GPU is needed: Triton compiles to PTX and the ptxas of the triton
+(`launch.resource_usage`), and how many programs of each an H200 SM holds. No GPU is needed: Triton compiles to PTX and the ptxas of the triton
 wheel assembles it, with Triton's own flags.
 """
 
@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from replayssm_jax.kernels.backend import KernelTuning, layer_shapes
 from replayssm_jax.kernels.triton import replay_tuning, state_tuning
 from replayssm_jax.kernels.triton.fold import fold_launch
-from replayssm_jax.kernels.triton.launch import Launch, compile_sm90, resource_usage
+from replayssm_jax.kernels.triton.launch import (Launch, compile_sm90, programs_per_sm,
+                                                 resource_usage)
 from replayssm_jax.kernels.triton.recurrent import recurrent_launch
 from replayssm_jax.kernels.triton.replay_split import split_launches
 from replayssm_jax.kernels.triton.replay_verify import replay_verify_launch
@@ -58,11 +59,14 @@ def launches(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int = 8,
 
 
 def report(launch_set: dict[str, Launch]) -> dict[str, dict]:
-  """``{name: {n_regs, spill_stores, spill_loads, shared_bytes, launch, num_warps}}``."""
+  """``{name: {n_regs, spill_stores, spill_loads, shared_bytes, launch, num_warps,
+  per_sm}}``, ``per_sm`` the programs an H200 SM holds (`launch.programs_per_sm`)."""
   rows = {}
   for name, launch in launch_set.items():
     usage = resource_usage(compile_sm90(launch))
-    rows[name] = dict(usage, launch=launch.name, num_warps=launch.num_warps)
+    rows[name] = dict(usage, launch=launch.name, num_warps=launch.num_warps,
+                      per_sm=programs_per_sm(usage["n_regs"], launch.num_warps,
+                                             usage["shared_bytes"]))
   return rows
 
 
@@ -75,10 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(rows, indent=1))
     return
   print(f"sm_90, {ANCHOR}, bf16 activations and rings")
-  print(f"{'kernel':24} {'launch':48} {'regs':>5} {'spill st/ld':>12} {'smem':>6}")
+  print(f"{'kernel':24} {'launch':48} {'regs':>5} {'spill st/ld':>12} {'smem':>6} {'per SM':>6}")
   for name, r in rows.items():
     print(f"{name:24} {r['launch']:48} {r['n_regs']:5d} "
-          f"{r['spill_stores']:5d}/{r['spill_loads']:<6d} {r['shared_bytes']:6d}")
+          f"{r['spill_stores']:5d}/{r['spill_loads']:<6d} {r['shared_bytes']:6d} {r['per_sm']:6d}")
 
 
 if __name__ == "__main__":

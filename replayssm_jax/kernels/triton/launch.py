@@ -248,6 +248,25 @@ def resource_usage(compiled, capability: int = 90, *,
               shared_bytes=compiled.metadata.shared)
 
 
+# An H200's (sm_90) per-SM limits, for `programs_per_sm`.
+SM_REGISTERS = 65536
+SM_WARPS = 64
+SM_PROGRAMS = 32
+SM_SHARED_BYTES = 228 * 1024
+PROGRAM_SHARED_RESERVED = 1024  # bytes the driver reserves in shared memory per program
+
+
+def programs_per_sm(n_regs: int, num_warps: int, shared_bytes: int) -> int:
+  """How many programs (CTAs) of a kernel one H200 SM holds at once: the least that its
+  registers (allocated per warp in units of 256, i.e. a thread's rounded up to 8), its warps,
+  its shared memory and the 32-program cap allow. With the grid's size this gives the waves:
+  e.g. the triton coefficients kernel at 149 registers, 13 one-warp programs an SM, B=256's
+  4096 programs in 2.39 waves of 132 SMs (benchmarks/NOTES.md run 36)."""
+  warp_registers = -(-n_regs * 32 // 256) * 256
+  return min(SM_REGISTERS // (warp_registers * num_warps), SM_WARPS // num_warps,
+             SM_SHARED_BYTES // (shared_bytes + PROGRAM_SHARED_RESERVED), SM_PROGRAMS)
+
+
 _WIDTH_BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
 
 
