@@ -397,7 +397,8 @@ def test_coefficient_knobs_compile_without_spills(geometry, monkeypatch):
   triton 3.6)."""
   monkeypatch.setattr(triton_split, "WINDOW_MMA", True)
   monkeypatch.setattr(triton_split, "HEADS_LOOP", True)
-  launches = {name: launch for name, launch in compile_check.launches(**GEOMETRIES[geometry]).items()
+  launches = {name: launch
+              for name, launch in compile_check.launches(**GEOMETRIES[geometry]).items()
               if "coefficients" in name}
   for name, row in compile_check.report(launches).items():
     print(f"{geometry} {name}: {row}")

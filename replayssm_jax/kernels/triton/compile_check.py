@@ -4,8 +4,9 @@
 anchor geometry (HV=32, H=16, K=V=128, T=4, L=16, bf16 activations and rings, fp32
 checkpoint; the decode-shaped kernels at T=1) with the backend's default tunings, exactly as
 jax-triton would specialise them, and prints the registers and spill bytes of the cubins
-(`launch.resource_usage`), and how many programs of each an H200 SM holds. No GPU is needed: Triton compiles to PTX and the ptxas of the triton
-wheel assembles it, with Triton's own flags.
+(`launch.resource_usage`) and how many programs of each an H200 SM holds
+(`launch.programs_per_sm`). No GPU is needed: Triton compiles to PTX and the ptxas of the
+triton wheel assembles it, with Triton's own flags.
 """
 
 from __future__ import annotations
