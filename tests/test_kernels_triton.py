@@ -487,6 +487,21 @@ def test_resource_usage_reads_the_cubin():
   assert 32 <= usage["n_regs"] <= 255
 
 
+@compiles
+def test_report_counts_programs_per_row_and_sm():
+  """`compile_check.report`'s wave inputs at the anchor: programs per batch row from each grid
+  (the coefficients one per key head, the stream one per value head and 64-wide V-block, the
+  state kernels one per value head and 16-wide V-block) and programs an SM from the cubin."""
+  rows = compile_check.report({name: launch for name, launch in
+                               compile_check.launches(**compile_check.ANCHOR).items()
+                               if name in ("replay_split_coefficients_T4",
+                                           "replay_split_stream_T4", "exact_fold_L16")})
+  assert {name: r["programs_per_row"] for name, r in rows.items()} == {
+      "replay_split_coefficients_T4": 16, "replay_split_stream_T4": 64, "exact_fold_L16": 256}
+  for r in rows.values():
+    assert r["per_sm"] == programs_per_sm(r["n_regs"], r["num_warps"], r["shared_bytes"]) >= 1
+
+
 @pytest.mark.parametrize("regs, warps, shared, per_sm, seen", [
     (128, 1, 0, 16, "the Pallas coefficients kernel, run 20's profile"),
     (151, 1, 8192, 13, "the triton coefficients kernel's device registers, run 31"),

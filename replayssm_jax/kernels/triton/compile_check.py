@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import jax.numpy as jnp
 
 from replayssm_jax.kernels.backend import KernelTuning, layer_shapes
 from replayssm_jax.kernels.triton import replay_tuning, state_tuning
 from replayssm_jax.kernels.triton.fold import fold_launch
-from replayssm_jax.kernels.triton.launch import (Launch, compile_sm90, programs_per_sm,
+from replayssm_jax.kernels.triton.launch import (SMS, Launch, compile_sm90, programs_per_sm,
                                                  resource_usage)
 from replayssm_jax.kernels.triton.recurrent import recurrent_launch
 from replayssm_jax.kernels.triton.replay_split import split_launches
@@ -59,15 +60,26 @@ def launches(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int = 8,
   }
 
 
+WAVE_BATCHES = (16, 64, 256)  # the batch sizes whose waves `main` prints
+
+
+def launch_rows(launch: Launch) -> int:
+  """The rows (batch size) a launch was built for: its slot ids' length."""
+  return launch.inputs["slot_ids"].shape[0]
+
+
 def report(launch_set: dict[str, Launch]) -> dict[str, dict]:
-  """``{name: {n_regs, spill_stores, spill_loads, shared_bytes, launch, num_warps,
-  per_sm}}``, ``per_sm`` the programs an H200 SM holds (`launch.programs_per_sm`)."""
+  """``{name: {n_regs, spill_stores, spill_loads, shared_bytes, launch, num_warps, per_sm,
+  programs_per_row}}``: ``per_sm`` the programs an H200 SM holds (`launch.programs_per_sm`),
+  ``programs_per_row`` the grid's programs per batch row (so B rows run in ``B *
+  programs_per_row / (SMS * per_sm)`` waves)."""
   rows = {}
   for name, launch in launch_set.items():
     usage = resource_usage(compile_sm90(launch))
     rows[name] = dict(usage, launch=launch.name, num_warps=launch.num_warps,
                       per_sm=programs_per_sm(usage["n_regs"], launch.num_warps,
-                                             usage["shared_bytes"]))
+                                             usage["shared_bytes"]),
+                      programs_per_row=math.prod(launch.grid) // launch_rows(launch))
   return rows
 
 
@@ -79,11 +91,16 @@ def main(argv: list[str] | None = None) -> None:
   if args.json:
     print(json.dumps(rows, indent=1))
     return
-  print(f"sm_90, {ANCHOR}, bf16 activations and rings")
-  print(f"{'kernel':24} {'launch':48} {'regs':>5} {'spill st/ld':>12} {'smem':>6} {'per SM':>6}")
+  print(f"sm_90, {ANCHOR}, bf16 activations and rings; waves: the grid at B rows over {SMS} "
+        "SMs")
+  print(f"{'kernel':24} {'launch':48} {'regs':>5} {'spill st/ld':>12} {'smem':>6} {'per SM':>6}"
+        + "".join(f" {f'B={B}':>6}" for B in WAVE_BATCHES))
   for name, r in rows.items():
+    waves = "".join(f" {r['programs_per_row'] * B / (SMS * r['per_sm']):6.2f}"
+                    for B in WAVE_BATCHES)
     print(f"{name:24} {r['launch']:48} {r['n_regs']:5d} "
-          f"{r['spill_stores']:5d}/{r['spill_loads']:<6d} {r['shared_bytes']:6d} {r['per_sm']:6d}")
+          f"{r['spill_stores']:5d}/{r['spill_loads']:<6d} {r['shared_bytes']:6d} {r['per_sm']:6d}"
+          + waves)
 
 
 if __name__ == "__main__":

@@ -248,7 +248,8 @@ def resource_usage(compiled, capability: int = 90, *,
               shared_bytes=compiled.metadata.shared)
 
 
-# An H200's (sm_90) per-SM limits, for `programs_per_sm`.
+# An H200's (sm_90) SMs and per-SM limits, for `programs_per_sm`.
+SMS = 132
 SM_REGISTERS = 65536
 SM_WARPS = 64
 SM_PROGRAMS = 32
