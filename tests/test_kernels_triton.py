@@ -483,7 +483,7 @@ def test_state_kernels_contract_nothing_but_written_fmas():
 def test_resource_usage_reads_the_cubin():
   launch = compile_check.launches(**compile_check.ANCHOR)["exact_fold_L16"]
   usage = resource_usage(compile_sm90(launch))
-  assert set(usage) == {"n_regs", "spill_stores", "spill_loads", "shared_bytes"}
+  assert set(usage) == {"n_regs", "spill_stores", "spill_loads", "shared_bytes", "per_sm"}
   assert 32 <= usage["n_regs"] <= 255
 
 

@@ -156,15 +156,14 @@ def triton_backend_sm90(kernel: str) -> dict:
 
 def sass_report(compiled, name: str, num_warps: int) -> dict:
   """Registers, spills, SASS and loops of a kernel Triton compiled for sm_90a."""
-  from replayssm_jax.kernels.triton.launch import cubin_listing, programs_per_sm, resource_usage
+  from replayssm_jax.kernels.triton.launch import cubin_listing, resource_usage
 
   listing = cubin_listing(compiled)
   usage, sass = resource_usage(compiled, listing=listing), listing[1]
   instructions = [m.groups() for m in
                   (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
                    for line in sass.splitlines()) if m]
-  per_sm = programs_per_sm(usage["n_regs"], num_warps, usage["shared_bytes"])
-  return dict(name=name, num_warps=num_warps, registers=usage["n_regs"], per_sm=per_sm,
+  return dict(name=name, num_warps=num_warps, registers=usage["n_regs"], per_sm=usage["per_sm"],
               spill_stores=usage["spill_stores"], spill_loads=usage["spill_loads"],
               instructions=len(instructions), loops=loops(instructions), sass=sass)
 

@@ -20,8 +20,7 @@ import jax.numpy as jnp
 from replayssm_jax.kernels.backend import KernelTuning, layer_shapes
 from replayssm_jax.kernels.triton import replay_tuning, state_tuning
 from replayssm_jax.kernels.triton.fold import fold_launch
-from replayssm_jax.kernels.triton.launch import (SMS, Launch, compile_sm90, programs_per_sm,
-                                                 resource_usage)
+from replayssm_jax.kernels.triton.launch import SMS, Launch, compile_sm90, resource_usage
 from replayssm_jax.kernels.triton.recurrent import recurrent_launch
 from replayssm_jax.kernels.triton.replay_split import split_launches
 from replayssm_jax.kernels.triton.replay_verify import replay_verify_launch
@@ -77,8 +76,6 @@ def report(launch_set: dict[str, Launch]) -> dict[str, dict]:
   for name, launch in launch_set.items():
     usage = resource_usage(compile_sm90(launch))
     rows[name] = dict(usage, launch=launch.name, num_warps=launch.num_warps,
-                      per_sm=programs_per_sm(usage["n_regs"], launch.num_warps,
-                                             usage["shared_bytes"]),
                       programs_per_row=math.prod(launch.grid) // launch_rows(launch))
   return rows
 

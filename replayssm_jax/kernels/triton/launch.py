@@ -233,7 +233,8 @@ def cubin_listing(compiled, capability: int = 90) -> tuple[str, str]:
 
 def resource_usage(compiled, capability: int = 90, *,
                    listing: tuple[str, str] | None = None) -> dict[str, int]:
-  """Registers, spills and shared memory of a compiled kernel, read from its cubin: what runs.
+  """Registers, spills and shared memory of a compiled kernel, read from its cubin (what runs),
+  and the programs an H200 SM holds of it (`programs_per_sm`).
 
   A second ``ptxas -v`` over the PTX would not see Triton's own ptxas flags (triton 3.9 adds
   ``--regAllocOptLevel=2``: its UT form then takes 178 registers and no spill, where a plain
@@ -243,9 +244,10 @@ def resource_usage(compiled, capability: int = 90, *,
   if the caller has it already.
   """
   usage, sass = listing or cubin_listing(compiled, capability)
-  return dict(n_regs=int(re.search(r"REG:(\d+)", usage).group(1)),
-              spill_stores=local_bytes(sass, "STL"), spill_loads=local_bytes(sass, "LDL"),
-              shared_bytes=compiled.metadata.shared)
+  n_regs, shared_bytes = int(re.search(r"REG:(\d+)", usage).group(1)), compiled.metadata.shared
+  return dict(n_regs=n_regs, spill_stores=local_bytes(sass, "STL"),
+              spill_loads=local_bytes(sass, "LDL"), shared_bytes=shared_bytes,
+              per_sm=programs_per_sm(n_regs, compiled.metadata.num_warps, shared_bytes))
 
 
 # An H200's (sm_90) SMs and per-SM limits, for `programs_per_sm`.
