@@ -141,27 +141,22 @@ def test_bench_paths(tmp_path):
 
 def test_bench_fold_together_smoke(tmp_path):
   """``--fold-together``: every path runs with rows folding along; the file says so, and the
-  ``--fold-launch``, ``--fold-first``, ``--launch-order``, ``--one-kernel-fold``,
-  ``--stream-fold``, ``--tile-grid`` and ``--fold-prefetch-at`` it ran under, which end with
-  the call (B=2: the one-kernel forms)."""
+  ``--fold-first``, ``--one-kernel-fold``, ``--stream-fold``, ``--tile-grid`` and
+  ``--fold-prefetch-at`` it ran under, which end with the call (B=2: the one-kernel forms)."""
   out = tmp_path / "results.json"
-  other = next(x for x in replay_split.FOLD_LAUNCHES if x != replay_split.FOLD_LAUNCH)
-  default, first = replay_split.FOLD_LAUNCH, replay_split.STREAM_FOLD_FIRST
-  order = next(x for x in replay_split.LAUNCH_ORDERS if x != replay_split.LAUNCH_ORDER)
+  first = replay_split.STREAM_FOLD_FIRST
   one, below = ssm.FUSE_FOLD_ONE_KERNEL, ssm.FUSE_FOLD_BELOW
   grid = next(x for x in backend.TILE_GRIDS if x != backend.TILE_GRID)
   at = next(x for x in fold.PREFETCH_ATS if x != fold.FOLD_PREFETCH_AT)
   assert kernels.main(["--tiny", "--batch", "2", "--reps", "1", "--copy-gib", "0.004",
-                       "--decode-rings", "8", "--fold-together", "0.5", "--fold-launch", other,
-                       "--no-fold-first" if first else "--fold-first", "--launch-order", order,
+                       "--decode-rings", "8", "--fold-together", "0.5",
+                       "--no-fold-first" if first else "--fold-first",
                        "--no-one-kernel-fold" if one else "--one-kernel-fold",
                        "--no-stream-fold", "--tile-grid", grid,
                        "--fold-prefetch-at", at, "--out", str(out)]) == 0
   result = json.loads(out.read_text())
   assert result["fold_together"] == 0.5
-  assert result["fold_launch"] == other and replay_split.FOLD_LAUNCH == default
   assert result["fold_first"] is not first and replay_split.STREAM_FOLD_FIRST is first
-  assert result["launch_order"] == order and replay_split.LAUNCH_ORDER != order
   assert result["one_kernel_fold"] is not one and ssm.FUSE_FOLD_ONE_KERNEL is one
   assert result["fuse_fold_below"] == dict.fromkeys(below, 0) and ssm.FUSE_FOLD_BELOW is below
   assert result["tile_grid"] == grid and backend.TILE_GRID != grid
@@ -390,7 +385,7 @@ def test_sweep_coefficients_smoke(tmp_path):
   assert not [r for r in rows if "error" in r] and all(r["median_us"] > 0 for r in rows)
   assert {r["kernel"] for r in rows} == {"replay_verify_split_T4", "replay_verify_split_T1"}
   knobs = [{n: v for n, v in r.items() if n.startswith("coefficient_")} for r in rows]
-  expected = sweep.split_variants(kernels.TINY, 4) + sweep.split_variants(kernels.TINY, 1)
+  expected = sweep.split_variants() * 2
   assert sorted(map(str, filter(None, knobs))) == sorted(map(str, expected))
   assert knobs.count({}) == 2  # the defaults, once per window
 
@@ -401,13 +396,12 @@ def test_sweep_coefficients_knobs_and_batches(tmp_path):
   from replayssm_jax.bench import sweep
 
   out = tmp_path / "sweep.json"
-  assert sweep.main(["--tiny", "--only", "coefficients", "--knobs", "coefficient_key_split",
+  assert sweep.main(["--tiny", "--only", "coefficients", "--knobs", "coefficient_key_mma",
                      "--batch", "2", "3", "--reps", "1", "--out", str(out)]) == 0
   rows = json.loads(out.read_text())["rows"]
-  split = [(r["B"], r["kernel"][-1], r.get("coefficient_key_split")) for r in rows]
-  assert sorted(split, key=str) == sorted(
-      [(B, "4", s) for B in (2, 3) for s in (None, False, True)]
-      + [(B, "1", s) for B in (2, 3) for s in (None, False)], key=str)
+  mma = [(r["B"], r["kernel"][-1], r.get("coefficient_key_mma")) for r in rows]
+  assert sorted(mma, key=str) == sorted(
+      [(B, T, s) for B in (2, 3) for T in "14" for s in (None, False, True)], key=str)
 
 
 def test_profile_runs_each_kernel(capsys):

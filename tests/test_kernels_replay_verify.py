@@ -254,25 +254,7 @@ def test_replay_verify(c: Case, form, interpret):
   assert rel_err(f32(o_kernel[valid]), f32(o_ref[valid])) <= tol
 
 
-@pytest.mark.parametrize("c", [CASES[0], CASES[7]], ids=[CASES[0].id, CASES[7].id])
-def test_split_coefficients_key_heads(c: Case, interpret):
-  """Two key heads per coefficients program: the same outputs and records, to the bit."""
-  inp = make_inputs(c)
-  valid = np.asarray(inp["slot_ids"]) >= 0
-  one, two = (replay_split.replay_verify_split(
-      **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
-      interpret=interpret, coefficient_key_heads=n) for n in (1, 2))
-  np.testing.assert_array_equal(bits(one[0][valid]), bits(two[0][valid]))
-  for name, x, y in zip(RING_NAMES, one[1:], two[1:]):
-    np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
-  with pytest.raises(ValueError, match="coefficient_key_heads=3"):
-    replay_split.replay_verify_split(**inp, tuning=KernelTuning(block_v=c.block_v),
-                                     dot_precision=c.precision, interpret=interpret,
-                                     coefficient_key_heads=3)
-
-
-SPLIT_VARIANTS = dict(stacked=dict(coefficient_stacked=True),
-                      all_dots=dict(coefficient_inline=None),
+SPLIT_VARIANTS = dict(all_dots=dict(coefficient_inline=None),
                       single_rows_inline=dict(coefficient_inline=0),
                       cuda_core_keys=dict(coefficient_key_mma=False),
                       tensor_core_keys=dict(coefficient_key_mma=True))
@@ -285,9 +267,8 @@ DECODE_CASE = dataclasses.replace(CASES[0], T=1, why="a decode window: every pro
 @pytest.mark.parametrize("c", [CASES[0], DECODE_CASE, CASES[7]],
                          ids=[CASES[0].id, DECODE_CASE.id, CASES[7].id])
 def test_split_variants(c: Case, variant, interpret):
-  """The split form's other ways to form its products (the key products as one dot over
-  [q_hat; k_hat]; no product written out; only single rows written out; the key products on
-  the CUDA or on the tensor cores) against the default: the same records to the bit but the
+  """The split form's other ways to form its products (no product written out; only single
+  rows written out; the key products on the CUDA or on the tensor cores) against the default: the same records to the bit but the
   window's d's, the same outputs and d's within the products' rounding."""
   inp = make_inputs(c)
   valid = np.asarray(inp["slot_ids"]) >= 0
@@ -303,40 +284,6 @@ def test_split_variants(c: Case, variant, interpret):
       assert rel_err(np.nan_to_num(x), np.nan_to_num(y)) <= c.tol, name
     else:
       np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
-
-
-KEY_SPLIT_CASES = [
-    dataclasses.replace(CASES[0], ring="bfloat16", precision="ieee",
-                        why="fp32 activations (fp32 outputs) against a bf16 key ring"),
-    dataclasses.replace(CASES[7], act="float32", precision="ieee", why="T=8, a long bf16 ring")]
-
-
-@pytest.mark.parametrize("c", KEY_SPLIT_CASES, ids=[c.id for c in KEY_SPLIT_CASES])
-def test_key_split_is_finer_than_tf32(c: Case, interpret):
-  """The key products as two bf16 dots over the split ``[q_hat; k_hat] = hi + lo``
-  (``coefficient_key_split``) against exact fp32 dots, every other dot exact: within 1e-5,
-  which a tf32 dot (rounding X to 2^-11) or the ``hi`` part alone (2^-8) would not meet (alone
-  it gave 6e-4 to 9e-4 here); the records bitwise but for the window's d's. A fp32 key ring
-  has no split."""
-  inp = make_inputs(c)
-  valid = np.asarray(inp["slot_ids"]) >= 0
-  exact, split = (replay_split.replay_verify_split(
-      **inp, tuning=KernelTuning(block_v=c.block_v), dot_precision="ieee", interpret=interpret,
-      coefficient_key_split=s) for s in (False, True))
-  f32 = lambda x: np.asarray(x, np.float32)
-  assert rel_err(f32(split[0][valid]), f32(exact[0][valid])) <= 1e-5
-  for name, x, y in zip(RING_NAMES, exact[1:], split[1:]):
-    if name == "ring_d":  # the window's d's carry the key products' rounding
-      x, y = f32(x), f32(y)
-      np.testing.assert_array_equal(np.isnan(x), np.isnan(y))  # the poisoned entries
-      assert rel_err(np.nan_to_num(y), np.nan_to_num(x)) <= 1e-5, name
-    else:
-      np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
-  fp32_ring = make_inputs(dataclasses.replace(c, ring="float32"))
-  with pytest.raises(ValueError, match="coefficient_key_split=True needs"):
-    replay_split.replay_verify_split(**fp32_ring, tuning=KernelTuning(block_v=c.block_v),
-                                     dot_precision="ieee", interpret=interpret,
-                                     coefficient_key_split=True)
 
 
 @pytest.mark.parametrize("c", [CASES[0], CASES[7]], ids=[CASES[0].id, CASES[7].id])
@@ -385,22 +332,16 @@ def _flush_some_rows(inp, c: Case):
 FUSED_CASES = [CASES[0], CASES[1], CASES[5]]
 
 
-LAUNCHES = [("shared", False, "xla"), ("own", False, "xla"), ("shared", True, "xla"),
-            ("shared", True, "pallas"), ("own", True, "pallas")]
-
-
-@pytest.mark.parametrize("launch,first,order", LAUNCHES,
-                         ids=[f"{x}{f'-first-{z}' * y}" for x, y, z in LAUNCHES])
+@pytest.mark.parametrize("first", [False, True], ids=["grid-order", "folding-first"])
 @pytest.mark.parametrize("c", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
-def test_fold_inside_the_stream(c: Case, launch, first, order, interpret):
-  """`fold_and_replay_verify` (the fold in the split form's stream kernel, in the launch of
-  the other rows or in its own, the folding rows' programs first or not, their order by XLA
-  ops or a kernel) against the fold kernel and then the split verify (`check_fold_inside`)."""
+def test_fold_inside_the_stream(c: Case, first, interpret):
+  """`fold_and_replay_verify` (the fold in the split form's stream kernel, the folding rows'
+  programs first, in the launch order's kernel, or not) against the fold kernel and then the
+  split verify (`check_fold_inside`)."""
   check_fold_inside(c, make_inputs(c), tuning=KernelTuning(block_v=c.block_v),
                     fold_tuning=KernelTuning(block_v=max(c.block_v // 2, 1), num_warps=2,
                                              k_chunk=16),
-                    form="split", interpret=interpret, fold_launch=launch, fold_first=first,
-                    launch_order=order)
+                    form="split", interpret=interpret, fold_first=first)
 
 
 def check_fold_inside(c: Case, inp, *, tuning, fold_tuning, form, interpret, **launch):
@@ -473,9 +414,9 @@ def test_fused_cases_permute_the_rows():
   assert any(order != sorted(order) for order in orders), orders
 
 
-def test_own_fold_launch_without_folding_rows(interpret):
-  """With no row to fold, the "own" launch is the plain stream alone: the split verify's bits,
-  the checkpoint untouched (the padding row's fold count must not start the folding launch)."""
+def test_fold_inside_the_stream_without_folding_rows(interpret):
+  """With no row to fold, the stream that folds is the plain stream: the split verify's bits,
+  the checkpoint untouched (the padding row's fold count must fold nothing)."""
   c = FUSED_CASES[0]
   inp = make_inputs(c)
   count = jnp.where(inp["slot_ids"] < 0, 3, 0).astype(jnp.int32)
@@ -485,7 +426,7 @@ def test_own_fold_launch_without_folding_rows(interpret):
   o, ssm, *rings = replay_split.fold_replay_verify_split(
       **inp, fold_count=count, fold_base=inp["cache_base"], tuning=tuning,
       fold_tuning=KernelTuning(block_v=max(c.block_v // 2, 1), num_warps=2, k_chunk=16),
-      fold_launch="own", dot_precision=c.precision, interpret=interpret)
+      dot_precision=c.precision, interpret=interpret)
   np.testing.assert_array_equal(bits(ssm), bits(inp["ssm"]))
   for name, x, y in zip(("o", *RING_NAMES), (o, *rings), plain):
     np.testing.assert_array_equal(bits(x), bits(y), err_msg=name)
@@ -502,14 +443,6 @@ def test_fold_inside_the_stream_validation():
     call(fold_count=count, fold_tuning=KernelTuning(block_v=8, num_warps=1), form="ut")
   with pytest.raises(ValueError, match=r"fold_count is float32\[4\]; expected int32\[4\]"):
     call(fold_count=count.astype(jnp.float32), fold_tuning=KernelTuning(block_v=8), form="split")
-  with pytest.raises(ValueError, match="launch_order='sort' is unknown"):
-    call(fold_count=count, fold_tuning=KernelTuning(block_v=8), form="split",
-         launch_order="sort")
-  with pytest.raises(ValueError, match="fold_launch='apart' is unknown"):
-    replay_split.fold_replay_verify_split(
-        **inp, fold_count=count, fold_base=fold_base, tuning=KernelTuning(block_v=16),
-        fold_tuning=KernelTuning(block_v=8), fold_launch="apart", dot_precision="ieee",
-        interpret=True)
   with pytest.raises(ValueError, match="multiple of the fold's block_v=32"):
     replay_split.fold_replay_verify_split(
         **inp, fold_count=count, fold_base=fold_base, tuning=KernelTuning(block_v=16),

@@ -80,13 +80,10 @@ def test_replay_verify_lowers(T, form):
   assert "gpu.barrier" not in text  # only the stream that folds needs one
 
 
-@pytest.mark.parametrize("variant", [dict(coefficient_stacked=True),
-                                     dict(coefficient_key_mma=True),
+@pytest.mark.parametrize("variant", [dict(coefficient_key_mma=True),
                                      dict(coefficient_key_mma=False),
-                                     dict(coefficient_key_mma=True, coefficient_key_split=True),
                                      dict(coefficient_loads_first=True)],
-                         ids=["stacked", "tensor_core_keys", "cuda_core_keys", "split_keys",
-                              "loads_first"])
+                         ids=["tensor_core_keys", "cuda_core_keys", "loads_first"])
 @pytest.mark.parametrize("T", [1, 3, 4, 16])
 def test_split_variants_lower(T, variant):
   lower(functools.partial(replay_split.replay_verify_split, tuning=KernelTuning.replay_default(V, T),
@@ -96,23 +93,22 @@ def test_split_variants_lower(T, variant):
 
 
 @pytest.mark.parametrize("fold_first", [False, True])
-@pytest.mark.parametrize("fold_launch", replay_split.FOLD_LAUNCHES)
 @pytest.mark.parametrize("fold_block_v", [32, 64])
 @pytest.mark.parametrize("T", [1, 4])
-def test_fold_inside_the_stream_lowers(T, fold_block_v, fold_launch, fold_first):
+def test_fold_inside_the_stream_lowers(T, fold_block_v, fold_first):
   """The split verify with the fold in its stream kernel: the fold's arithmetic is the state
-  tiles' (fma), and a barrier separates the folded tile's stores from the stream's loads. In
-  its own launch, the folding rows' stream runs under a conditional after the plain stream."""
+  tiles' (fma), and a barrier separates the folded tile's stores from the stream's loads; one
+  launch of it for all rows, after the launch order's kernel when the folding rows go first."""
   text = lower(functools.partial(
       replay_split.fold_replay_verify_split, tuning=KernelTuning.replay_default(V, T),
       fold_tuning=KernelTuning.state_default(V), fold_block_v=fold_block_v,
-      fold_launch=fold_launch, fold_first=fold_first, dot_precision="default",
-      interpret=False),
+      fold_first=fold_first, dot_precision="default", interpret=False),
       STATE, *RINGS, *window(T), ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32),
       ((B,), jnp.int32))
   assert FMA in text and "gpu.barrier" in text
-  own = ["_fold_folding", "_unfolded", "stablehlo.case"]
-  assert all((name in text) == (fold_launch == "own") for name in own)
+  streams = set(re.findall(r"replay_stream_\w+", text))
+  assert len(streams) == 1 and streams.pop().endswith("_fold") and "stablehlo.case" not in text
+  assert ("fold_first_order" in text) == fold_first
 
 
 @pytest.mark.parametrize("fold_block_v", [32, 64])
@@ -140,14 +136,14 @@ def test_fold_inside_one_kernel_lowers(T):
 
 @pytest.mark.parametrize("rows", [3, 256])
 def test_launch_order_lowers(rows):
-  """The fold-first launch order's kernel (`replay_split.LAUNCH_ORDER = "pallas"`): a row
+  """The fold-first launch order's kernel (`launch_order.fold_first_order_pallas`): a row
   count not a power of two too; and the split verify launches it before its stream."""
   lower(functools.partial(launch_order.fold_first_order_pallas, interpret=False),
         *[((rows,), jnp.int32)] * 7)
   text = lower(functools.partial(
       replay_split.fold_replay_verify_split, tuning=KernelTuning.replay_default(V, 1),
-      fold_tuning=KernelTuning.state_default(V), fold_first=True, launch_order="pallas",
-      dot_precision="default", interpret=False),
+      fold_tuning=KernelTuning.state_default(V), fold_first=True, dot_precision="default",
+      interpret=False),
       STATE, *RINGS, *window(1), ((B,), jnp.int32), ((B,), jnp.int32), ((B,), jnp.int32),
       ((B,), jnp.int32))
   assert "fold_first_order" in text

@@ -58,10 +58,8 @@ def main(argv=None) -> int:
     common = dict(T=T, L=L, gqa_ratio=g.num_v_heads // g.num_k_heads,
                   precision_t=mma_algorithm("ieee", T, interpret=interpret_mode()))
     launch = replay_split.CoefficientLaunch(
-        "pallas", replay_split.COEFFICIENT_WARPS, replay_split.COEFFICIENT_KEY_HEADS,
-        replay_split.COEFFICIENT_STACKED, replay_split.COEFFICIENT_INLINE,
-        replay_split.COEFFICIENT_KEY_MMA, replay_split.COEFFICIENT_KEY_SPLIT,
-        replay_split.COEFFICIENT_LOADS_FIRST)
+        "pallas", replay_split.COEFFICIENT_WARPS, replay_split.COEFFICIENT_INLINE,
+        replay_split.COEFFICIENT_KEY_MMA, replay_split.COEFFICIENT_LOADS_FIRST)
     coefficients = functools.partial(replay_split._coefficients, launch=launch,
                                      dot_precision="default", interpret=interpret_mode(),
                                      common=common)

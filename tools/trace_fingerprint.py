@@ -63,12 +63,11 @@ def paths() -> dict[str, tuple[Callable, list]]:
           functools.partial(replay_verify.replay_verify, tuning=KernelTuning.replay_default(V, T),
                             dot_precision="default", interpret=False, form=form),
           [STATE, *RINGS, *_window(T), ROW, ROW])
-    for launch in replay_split.FOLD_LAUNCHES:
-      out[f"stream_fold_{launch}_T{T}"] = (
-          functools.partial(replay_split.fold_replay_verify_split,
-                            tuning=KernelTuning.replay_default(V, T), fold_tuning=state,
-                            fold_launch=launch, dot_precision="default", interpret=False),
-          [STATE, *RINGS, *_window(T), ROW, ROW, ROW, ROW])
+    out[f"stream_fold_T{T}"] = (
+        functools.partial(replay_split.fold_replay_verify_split,
+                          tuning=KernelTuning.replay_default(V, T), fold_tuning=state,
+                          dot_precision="default", interpret=False),
+        [STATE, *RINGS, *_window(T), ROW, ROW, ROW, ROW])
     out[f"one_kernel_fold_T{T}"] = (
         functools.partial(replay_verify.fold_and_replay_verify,
                           tuning=KernelTuning.replay_default(V, T, B), fold_tuning=state,

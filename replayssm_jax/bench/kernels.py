@@ -391,17 +391,10 @@ def main(argv=None) -> int:
   p.add_argument("--fold-together", type=float, default=None, metavar="SHARE",
                  help="ReplaySSM rows holding this share of the ring fold along with a step's "
                       "flush rows (SpecConfig.fold_together; default: only flush rows fold)")
-  p.add_argument("--fold-launch", choices=replay_split.FOLD_LAUNCHES,
-                 default=replay_split.FOLD_LAUNCH,
-                 help="how the split verify's stream launches a step's folding rows "
-                      "(replay_split.FOLD_LAUNCH)")
   p.add_argument("--fold-first", action=argparse.BooleanOptionalAction,
                  default=replay_split.STREAM_FOLD_FIRST,
                  help="launch the folding rows' stream programs first "
                       "(replay_split.STREAM_FOLD_FIRST)")
-  p.add_argument("--launch-order", choices=replay_split.LAUNCH_ORDERS,
-                 default=replay_split.LAUNCH_ORDER,
-                 help="how the fold-first launch order is computed (replay_split.LAUNCH_ORDER)")
   p.add_argument("--stream-fold", action=argparse.BooleanOptionalAction, default=None,
                  help="the split replay verify folds the flush rows in its checkpoint stream, "
                       "not in a fold kernel before it, at every batch size, in windows and "
@@ -463,8 +456,7 @@ def main(argv=None) -> int:
                 python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
                 copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
                 backend=args.backend, fold_together=args.fold_together,
-                fold_launch=args.fold_launch, fold_first=args.fold_first,
-                launch_order=args.launch_order, one_kernel_fold=args.one_kernel_fold,
+                fold_first=args.fold_first, one_kernel_fold=args.one_kernel_fold,
                 fuse_fold_below=fuse_fold_below, tile_grid=args.tile_grid,
                 fold_prefetch_at=args.fold_prefetch_at,
                 fold_prefetch_records_to=args.fold_prefetch_records_to,
@@ -479,9 +471,7 @@ def main(argv=None) -> int:
       json.dump(result, f, indent=1)
 
   # Read when `ssm` traces its steps, so no step may be traced under other values.
-  knobs = {(replay_split, "FOLD_LAUNCH"): args.fold_launch,
-           (replay_split, "STREAM_FOLD_FIRST"): args.fold_first,
-           (replay_split, "LAUNCH_ORDER"): args.launch_order,
+  knobs = {(replay_split, "STREAM_FOLD_FIRST"): args.fold_first,
            (ssm, "FUSE_FOLD_ONE_KERNEL"): args.one_kernel_fold,
            (ssm, "FUSE_FOLD_BELOW"): fuse_fold_below,
            (kernel_backend, "TILE_GRID"): args.tile_grid,

@@ -71,11 +71,8 @@ COEFFICIENT_WARPS = (1, 2, 4)  # warps of the split form's coefficients kernel
 # The split form's other launches of its coefficients kernel, beside the default.
 SPLIT_VARIANTS = (
     [dict(coefficient_warps=w) for w in COEFFICIENT_WARPS]
-    + [dict(coefficient_key_heads=n) for n in (2, 4)]  # key heads per program (1)
-    + [dict(coefficient_stacked=True),  # one dot over [q_hat; k_hat] (one each)
-       dict(coefficient_inline=None), dict(coefficient_inline=0),  # products written out
+    + [dict(coefficient_inline=None), dict(coefficient_inline=0),  # products written out
        dict(coefficient_key_mma=False), dict(coefficient_key_mma=True),  # key products' cores
-       dict(coefficient_key_split=False), dict(coefficient_key_split=True),  # tf32 or bf16 x 2
        dict(coefficient_loads_first=False), dict(coefficient_loads_first=True)])  # load order
 
 
@@ -88,13 +85,9 @@ STREAM_TUNINGS = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=s
                                         (64, 4, 32, 3), (64, 2, 32, 2)]]
 
 
-def split_variants(gdn, T: int, knobs=None) -> list[dict]:
-  """The `SPLIT_VARIANTS` that apply to ``gdn`` and a T-token window (and set one of
-  ``knobs``, if given)."""
-  return [x for x in SPLIT_VARIANTS
-          if gdn.num_k_heads % x.get("coefficient_key_heads", 1) == 0
-          and (T > 1 or not x.get("coefficient_key_split"))  # T=1: no key dot to split
-          and (knobs is None or set(x) & set(knobs))]
+def split_variants(knobs=None) -> list[dict]:
+  """The `SPLIT_VARIANTS` (that set one of ``knobs``, if given)."""
+  return [x for x in SPLIT_VARIANTS if knobs is None or set(x) & set(knobs)]
 
 
 def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
@@ -116,7 +109,7 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
     if streams:
       variants += [("split", t, {}) for t in STREAM_TUNINGS if t != stream]
     else:
-      variants += [("split", stream, extra) for extra in split_variants(gdn, T, knobs)]
+      variants += [("split", stream, extra) for extra in split_variants(knobs)]
   for form, tuning, extra in variants:
     one_kernel_form = {"vec": T == 1, "ut": T > 1}  # the triton one-kernel form of each T
     if tuning.block_v > gdn.head_v_dim or (backend == "triton"
@@ -388,7 +381,7 @@ def main(argv=None) -> int:
                       "the stream's fold)")
   p.add_argument("--knobs", nargs="+", metavar="NAME",
                  help="coefficients: only the variants that set these keyword arguments of "
-                      "replay_split.replay_verify_split (e.g. coefficient_key_split)")
+                      "replay_split.replay_verify_split (e.g. coefficient_key_mma)")
   p.add_argument("--backend", choices=bench.BACKENDS, default="pallas")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="stop after the row that crosses this many seconds")

@@ -15,7 +15,7 @@ docstring has the rest of the notation), the UT transform reads
 
 so the work splits:
 
-1. `_coefficients_kernel`, grid (B, H / key heads per program): per (row, key head) the
+1. `_coefficients_kernel`, grid (B, H): per (row, key head) the
    normalised window and its products with the key history (``X K_hist^T``, on the tensor
    cores from T = 2: `COEFFICIENT_KEY_MMA`) and with itself (``q_hat k_hat^T``,
    ``k_hat k_hat^T``, exact fp32), then
@@ -34,7 +34,7 @@ so the work splits:
 `fold_replay_verify_split` first folds a step's flush rows inside the stream: a folding row's
 programs replay its committed records into their checkpoint tiles (`fold.fold_rows`, the exact
 fold's own loop) and then stream them, so its checkpoint is read and written once. They run in
-the same launch as the other rows' programs, or in one of their own (`FOLD_LAUNCH`).
+the same launch as the other rows' programs, launched first (`STREAM_FOLD_FIRST`).
 
 Same contract as `replay_verify.replay_verify` (the ``"split"`` form): ``ssm`` is only read,
 the window's records go to ``phys(write_pos + s)``, every other ring entry stays bitwise as it
@@ -56,7 +56,7 @@ from replayssm_jax import reference
 from replayssm_jax.config import next_power_of_two
 from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, row_grid, row_ids
-from replayssm_jax.kernels.launch_order import fold_first_order, fold_first_order_pallas
+from replayssm_jax.kernels.launch_order import fold_first_order_pallas
 from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_inputs,
                                                 history_mask, history_weights, key_inputs,
                                                 load_gates, load_history, load_keys,
@@ -65,10 +65,11 @@ from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_in
                                                 window_solve)
 
 # Warps of the coefficients kernel, whose tiles are tiny: 1, 2, 4 warps took 57, 75, 130 us
-# at B=256, T=4 (H200, benchmarks/NOTES.md run 6).
+# at B=256, T=4 (H200, benchmarks/NOTES.md run 6). One key head a program: two or four took
+# longer (run 7: 57 -> 67.6 / 75.3 us), and so did the window's products as one dot over a
+# stacked ``[q_hat; k_hat]`` (run 8: one dot each, 57 -> 51 us). Both variants, and run 20's
+# key products as two bf16 dots, were removed after session 34 (the code is in d5fe77a).
 COEFFICIENT_WARPS = 1
-COEFFICIENT_KEY_HEADS = 1  # key heads per program of the coefficients kernel
-COEFFICIENT_STACKED = False  # one dot over [q_hat; k_hat] (True) or one each
 # Products of the coefficients kernel written out as a multiply and a sum (`replay_parts.dot`'s
 # ``inline``): those of at most this many multiplies, and single rows; None: all dots. H200,
 # B=256 (benchmarks/NOTES.md run 10): 51 -> 40 us at T=4, 23 -> 18 us at T=1.
@@ -79,12 +80,6 @@ COEFFICIENT_INLINE = 2048
 # run 14): T=4, B=256 39.6 -> 33.9 us, B=512 75.2 -> 60.0, B=64 even; T=1 (single rows, written
 # out) 17.8 -> 19.5 at B=256.
 COEFFICIENT_KEY_MMA = None
-# That dot against a bf16 key history as two bf16 dots, ``[q_hat; k_hat]`` split in two bf16
-# parts against the records as loaded (`_key_products_mma`), or one tf32 dot. H200, T=4
-# (benchmarks/NOTES.md run 20): 8% fewer instructions, but 160 registers a thread against
-# 128, 12 programs an SM against 16: B=256 30.2 -> 31.6-31.9 us, B=512 54.8 -> 56.1-56.5,
-# B=64 10.5 -> 10.0-10.2. Off.
-COEFFICIENT_KEY_SPLIT = False
 # Whether every load of a program (the raw window, the key ring rows, and each value head's
 # gates and ring gates) is issued before any arithmetic, so their latencies overlap one
 # another and the key-side products instead of one round trip per value head (the same bits:
@@ -113,14 +108,12 @@ def _coefficients_kernel(
     zt_ref,  # [B, HV, 3, T_pad, T_pad] f32: P, Dy, M
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
-    *, T: int, L: int, gqa_ratio: int, key_heads: int, stacked: bool, inline: int | None,
-    key_mma: bool, key_split: bool, loads_first: bool, scale: float, precision_k,
-    precision_t):
-  """One program per (row, ``key_heads`` key heads): per key head the key-side products once,
-  then each of its value heads."""
+    *, T: int, L: int, gqa_ratio: int, inline: int | None, key_mma: bool, loads_first: bool,
+    scale: float, precision_k, precision_t):
+  """One program per (row, key head): the key-side products once, then each of its value
+  heads."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
-  row, kh_block = row_ids(2)
-  first_kh = kh_block * key_heads
+  row, kh = row_ids(2)
   slot = slot_ids_ref[row]
   T_pad = next_power_of_two(T)
 
@@ -128,7 +121,8 @@ def _coefficients_kernel(
     return (gate_inputs(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T),
             ring_g_ref[slot, h, :])
 
-  def key_head(kh):
+  @pl.when(slot >= 0)  # padding rows: the stream kernel reads none of this
+  def _coefficients():
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
     valid, _ = history_mask(write_pos, cache_base, L)
     if loads_first:  # every load of the key head and its value heads, then the arithmetic
@@ -145,22 +139,14 @@ def _coefficients_kernel(
     for half, (x, s) in enumerate(zip(win.raw_rows(), (win.s_q, win.s_k))):
       x_ref[row, kh, pl.ds(half * T_pad, T_pad), :] = x
       xs_ref[row, kh, pl.ds(half * T_pad, T_pad)] = s
-    if not key_mma:
-      k_hist = k_hist.astype(jnp.float32)
-    # [T_pad, L] and [T_pad, T_pad] products of q_hat and k_hat. Stacked: one dot over
-    # [q_hat; k_hat] (`WindowKeys.X`), split in two; else one dot each, no stacking and
-    # splitting of tiles through shared memory.
-    X = win.X if stacked else None
+    # [T_pad, L] and [T_pad, T_pad] products of q_hat and k_hat, one dot each: no stacking
+    # and splitting of tiles through shared memory.
     if key_mma:
-      XK_q, XK_k = _key_products_mma(win, k_hist, precision_k, split=key_split)
-    elif stacked:
-      XK_q, XK_k = jnp.split(dot_nt(X, k_hist, precision_k, inline), 2, axis=0)
+      XK_q, XK_k = _key_products_mma(win, k_hist, precision_k)
     else:
+      k_hist = k_hist.astype(jnp.float32)
       XK_q, XK_k = (dot_nt(x, k_hist, precision_k, inline) for x in (win.q_hat, win.k_hat))
-    if stacked:
-      qk, kk = jnp.split(dot_nt(X, win.k_hat, precision_t, inline), 2, axis=0)
-    else:
-      qk, kk = (dot_nt(x, win.k_hat, precision_t, inline) for x in (win.q_hat, win.k_hat))
+    qk, kk = (dot_nt(x, win.k_hat, precision_t, inline) for x in (win.q_hat, win.k_hat))
     phys = ((cache_base + write_pos + win.tok) & (L - 1))[:, None]  # [T_pad, 1]
 
     # The window's key records before the value heads, which no longer keep k_hat and raw k
@@ -195,13 +181,8 @@ def _coefficients_kernel(
       store_rows(ring_g_out_ref, (slot, h, phys[:, 0]), gates.g, win.in_window)
       store_rows(ring_beta_out_ref, (slot, h, phys[:, 0]), gates.beta, win.in_window)
 
-  @pl.when(slot >= 0)  # padding rows: the stream kernel reads none of this
-  def _coefficients():
-    for j in range(key_heads):  # independent chains, interleaved by the compiler
-      key_head(first_kh + j)
 
-
-def _key_products_mma(win: WindowKeys, k_hist, precision, *, split: bool):
+def _key_products_mma(win: WindowKeys, k_hist, precision):
   """``(q_hat K_hist^T, k_hat K_hist^T)``, ``[T_pad, L]`` each, from one tensor-core dot.
 
   ``k_hist [L, K]``: the key history in the ring's dtype, zero past it (`load_history`). The
@@ -211,26 +192,14 @@ def _key_products_mma(win: WindowKeys, k_hist, precision, *, split: bool):
   (benchmarks/NOTES.md run 19): B=256 33.5 -> 30.4 us, B=512 60.0 -> 54.9, B=64 11.0 -> 10.5.
   Each of q_hat, k_hat is broadcast over the operand and selected by row, so no row moves
   between threads (Triton has no row concatenation); the product is split back by rows.
-
-  ``split`` (a bf16 ring): ``X = hi + lo + r`` with ``hi = bf16(X)``, ``lo = bf16(X - hi)``,
-  ``|r| <= 2^-16 |X|``, and ``X K^T ~ hi K^T + lo K^T``: two bf16 dots with fp32
-  accumulation, exact products, against the bf16 records as loaded. That is finer than tf32
-  (``|r| <= 2^-11 |X|``; K, bf16, is exact in both), and it skips what a tf32 dot costs here:
-  the rounding of both operands to tf32, element by element in four instructions (run 20's
-  profile at T=4: 96 elements a thread, about 14% of the kernel's instructions). It was
-  slower all the same: its registers cost programs an SM (`COEFFICIENT_KEY_SPLIT`).
+  (Run 20 split X in two bf16 parts for two bf16 dots against a bf16 ring, finer than tf32
+  and 8% fewer instructions, but 160 registers against 128: slower, removed.)
   """
   T_pad, K = win.q_hat.shape
   spread = lambda x: jnp.broadcast_to(x[None], (2, T_pad, K)).reshape(2 * T_pad, K)
   r = jax.lax.broadcasted_iota(jnp.int32, (2 * T_pad, 1), 0)
   X = jnp.where(r < T_pad, spread(win.q_hat), spread(win.k_hat))
-  if split:
-    hi = X.astype(k_hist.dtype)
-    lo = (X - hi.astype(jnp.float32)).astype(k_hist.dtype)
-    XK = dot_nt(hi, k_hist, None) + dot_nt(lo, k_hist, None)
-  else:
-    XK = dot_nt(X, k_hist.astype(jnp.float32), precision)
-  XK_q, XK_k = jnp.split(XK, 2, axis=0)
+  XK_q, XK_k = jnp.split(dot_nt(X, k_hist.astype(jnp.float32), precision), 2, axis=0)
   return XK_q, XK_k
 
 
@@ -287,13 +256,11 @@ def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, rin
 
 class StreamFold(NamedTuple):
   """How the stream kernel folds a flush row's records into its checkpoint tile first: in
-  ``loop``'s tiles and record loop (`fold.fold_before_read`); the folding rows' programs in
-  the launch and the order the other fields say."""
+  ``loop``'s tiles and record loop (`fold.fold_before_read`), the folding rows' programs
+  launched first or not."""
 
   loop: fold_kernels.FoldLoop
-  launch: str  # one of FOLD_LAUNCHES
   first: bool  # launch the folding rows' programs first (`STREAM_FOLD_FIRST`)
-  order: str  # how that order is computed (`LAUNCH_ORDER`)
   compiled: bool
 
 
@@ -303,11 +270,8 @@ class CoefficientLaunch(NamedTuple):
 
   form: str  # one of COEFFICIENTS
   warps: int
-  key_heads: int
-  stacked: bool
   inline: int | None
   key_mma: bool | None
-  key_split: bool
   loads_first: bool | None
 
 
@@ -332,25 +296,20 @@ def _stream_kernel(
     x_ref, xs_ref, zh_ref, zt_ref, eq_ref,  # the coefficients kernel's scratch
     ring_d_ref,  # [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref)
     ring_rawv_ref,  # [slots, HV, L, V] activation (aliased; not read)
-    *refs,  # fold_count [B] int32 with `fold` or `rows`; with `fold`: fold_base [B] int32,
-    # ring_rawk, ring_g, ring_beta (, row_order [B] int32 with `fold.first`: then the [B] row
-    # arrays, slot_ids to fold_base, are in launch order, `tile_program`'s pos); with
-    # rows="folding": o (aliased with o_ref)
+    *refs,  # with `fold`: fold_count, fold_base [B] int32, ring_rawk, ring_g, ring_beta
+    # (, row_order [B] int32 with `fold.first`: then the [B] row arrays, slot_ids to
+    # fold_base, are in launch order, `tile_program`'s pos)
     # outputs: o [B, T, HV, V] activation, ring_d_out, ring_rawv_out (, ssm_out with `fold`)
     T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
-    precision_t, fold: StreamFold | None, rows: str | None, early: str):
-  """One program per ``[block_v, K]`` checkpoint tile of a (row, value head). ``rows``: which
-  rows' programs work, the others only exit: all (None), or those that fold nothing
-  (``"unfolded"``) or something (``"folding"``) this step, the two launches of "own".
-  ``early``: what of the epilogue comes before the K-loop (`STREAM_EARLY`)."""
+    precision_t, fold: StreamFold | None, early: str):
+  """One program per ``[block_v, K]`` checkpoint tile of a (row, value head). ``early``: what
+  of the epilogue comes before the K-loop (`STREAM_EARLY`)."""
   del ring_rawv_ref  # read and written through the aliased output
   refs = list(refs)
-  fold_count_ref = refs.pop(0) if fold is not None or rows is not None else None
   if fold is not None:
-    fold_base_ref, ring_rawk_ref, ring_g_ref, ring_beta_ref = (refs.pop(0) for _ in range(4))
+    fold_count_ref, fold_base_ref, ring_rawk_ref, ring_g_ref, ring_beta_ref = (
+        refs.pop(0) for _ in range(5))
   row_order_ref = refs.pop(0) if fold is not None and fold.first else None
-  if rows == "folding":
-    del refs[0]  # the outputs of the other rows, written by the launch before (aliased)
   o_ref, ring_d_out_ref, ring_rawv_out_ref, *ssm_out = refs
   ssm_ref = ssm_out[0] if fold is not None else ssm_in_ref
   p = tile_program(slot_ids_ref, o_ref, T=T, gqa_ratio=gqa_ratio, block_v=block_v,
@@ -358,11 +317,8 @@ def _stream_kernel(
   row, pos, h, kh, slot, vs, tok = p.row, p.pos, p.h, p.kh, p.slot, p.vs, p.tok
   K = ssm_ref.shape[-1]
   T_pad = tok.shape[0]
-  works = slot >= 0
-  if rows is not None:
-    works &= (fold_count_ref[pos] > 0) == (rows == "folding")
 
-  @pl.when(works)
+  @pl.when(slot >= 0)
   def _stream():
     write_pos, cache_base = write_pos_ref[pos], cache_base_ref[pos]
     if fold is not None:
@@ -420,35 +376,24 @@ COEFFICIENTS = ("pallas", "xla")
 # what the loads first hold through the loop would cost it one (sm_90 compile: 127 -> 160).
 STREAM_EARLIES = ("none", "loads", "products")
 STREAM_EARLY = "loads"
-# How `fold_replay_verify_split` launches the stream for a step's folding rows:
-#   "shared": one launch of the stream with the fold for all rows; a folding row's programs
-#     fold their tiles first (run 9). The fold's code costs every program registers, so a
-#     step in which no row folds streams slower than the plain kernel (B=256: 181 against
-#     158 us, benchmarks/NOTES.md run 10).
-#   "own": the plain stream for the rows that fold nothing, then, only when some row folds
-#     (`lax.cond`, decided on the device), the stream with the fold for those rows alone.
-#     H200, B=256 (benchmarks/NOTES.md run 11): a step without a fold 221 -> 202 us and the
-#     decode cycle 210 -> 205, but verify traffic 331 -> 339 and decode with the rows out of
-#     phase 223 -> 234 (B=64: 106 -> 115 and 79 -> 88): the folding programs no longer hide
-#     behind the other rows' streams, they run in a tail of their own.
-# (A conditional choosing between the two kernels for all rows made XLA copy the rings: its
-# two branches both write them in place. The "own" conditional writes in one branch only.)
-FOLD_LAUNCHES = ("shared", "own")
-FOLD_LAUNCH = "shared"
-# Whether a stream launch with the fold starts the folding rows' programs first: its grid runs
-# the rows in the order of `launch_order`, each row's programs together. Without it the grid is
+# `fold_replay_verify_split` streams all rows in one launch of the stream with the fold; a
+# folding row's programs fold their tiles first (run 9). The fold's code costs every program
+# registers, so a step in which no row folds streams slower than the plain kernel (B=256: 181
+# against 158 us, benchmarks/NOTES.md run 10). The folding rows in a launch of their own, after
+# the plain stream of the others and only when some row folds (a `lax.cond`), lost where it
+# matters (run 11, B=256: verify traffic 331 -> 339 us, decode with the rows out of phase 223
+# -> 234): the folding programs no longer hide behind the other rows' streams. Removed after
+# session 34 (the code is in d5fe77a), as was the launch order below computed by XLA ops.
+#
+# Whether that launch starts the folding rows' programs first: its grid runs the rows in the
+# order of `launch_order.fold_first_order_pallas`, each row's programs together (H200, B=256,
+# run 13: one 2.0 us kernel, where XLA ops took 5.2 us). Without it the grid is
 # `backend.row_grid`'s: in "rows" order all rows of one head before the next head, so the
 # folding programs of the last heads start last and the step waits for them; in "tiles" order
 # the rows one after the other in index order. H200, B=256, against "rows" (benchmarks/NOTES.md
 # runs 12 and 13): decode with the rows out of phase 219.1 -> 208.2 us (205.1 with the order's
 # kernel), in phase about even; the stream itself is faster in every case.
 STREAM_FOLD_FIRST = True
-# How that order, and the row arrays in it, are computed: "pallas", one small kernel
-# (`launch_order.fold_first_order_pallas`), or "xla", XLA ops (`launch_order.fold_first_order`).
-# H200, B=256 (run 13): 5.2 us of small XLA kernels a step -> one 2.0 us kernel; the decode
-# cycle 208.7 -> 206.2 us, a step without a fold 225.4 -> 221.6.
-LAUNCH_ORDERS = ("xla", "pallas")
-LAUNCH_ORDER = "pallas"
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
 # Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
 # (707 -> 733), and the decode cycle lost 1.5-2.3 us (benchmarks/NOTES.md run 10). Issued after
@@ -468,8 +413,7 @@ STREAM_FOLD_PREFETCH_RECORDS_TO = "off"
 
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
-                 "coefficient_key_heads", "coefficient_stacked", "coefficient_inline",
-                 "coefficient_key_mma", "coefficient_key_split", "coefficient_loads_first")
+                 "coefficient_inline", "coefficient_key_mma", "coefficient_loads_first")
 
 
 @functools.partial(jax.jit, static_argnames=_SPLIT_STATIC)
@@ -477,54 +421,44 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base, *,
                         tuning: KernelTuning, dot_precision: str, interpret: bool,
                         coefficients: str = "pallas", coefficient_warps: int = COEFFICIENT_WARPS,
-                        coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
-                        coefficient_stacked: bool = COEFFICIENT_STACKED,
                         coefficient_inline: int | None = COEFFICIENT_INLINE,
                         coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
-                        coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT,
                         coefficient_loads_first: bool | None = COEFFICIENT_LOADS_FIRST):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
   steps ``tuning.k_chunk`` columns. ``coefficients``: ``"pallas"``, the kernel, one program
-  of ``coefficient_warps`` per (row, ``coefficient_key_heads`` key heads), its key products
-  as one dot over ``[q_hat; k_hat]`` when ``coefficient_stacked`` (else one each), its small
-  products written out up to ``coefficient_inline`` multiplies (`replay_parts.dot`), its key
-  history products on the tensor cores when ``coefficient_key_mma`` (`_key_products_mma`;
-  None: from T = 2 on), as two bf16 dots over a bf16 key ring when ``coefficient_key_split``,
-  every load issued before the arithmetic when ``coefficient_loads_first`` (None: by T and
-  the programs, `COEFFICIENT_LOADS_FIRST`), or ``"xla"``, batched XLA ops (`_coefficients_xla`).
+  of ``coefficient_warps`` per (row, key head), its small products written out up to
+  ``coefficient_inline`` multiplies (`replay_parts.dot`), its key history products on the
+  tensor cores when ``coefficient_key_mma`` (`_key_products_mma`; None: from T = 2 on), every
+  load issued before the arithmetic when ``coefficient_loads_first`` (None: by T and the
+  programs, `COEFFICIENT_LOADS_FIRST`), or ``"xla"``, batched XLA ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
   o, _, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
                        (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base), None,
                        tuning=tuning, fold=None, dot_precision=dot_precision,
                        interpret=interpret, launch=CoefficientLaunch(
-                           coefficients, coefficient_warps, coefficient_key_heads,
-                           coefficient_stacked, coefficient_inline, coefficient_key_mma,
-                           coefficient_key_split, coefficient_loads_first))
+                           coefficients, coefficient_warps, coefficient_inline,
+                           coefficient_key_mma, coefficient_loads_first))
   return o, *rings
 
 
 @functools.partial(jax.jit, static_argnames=(*_SPLIT_STATIC, "fold_tuning", "fold_block_v",
-                                             "prefetch", "fold_interleave", "fold_launch",
-                                             "fold_first", "launch_order",
+                                             "prefetch", "fold_interleave", "fold_first",
                                              "fold_prefetch_records_to"))
 def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                              q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
                              fold_count, fold_base, *, tuning: KernelTuning,
                              fold_tuning: KernelTuning, dot_precision: str, interpret: bool,
                              fold_block_v: int | None = None, prefetch: bool | None = None,
-                             fold_interleave: bool | None = None, fold_launch: str | None = None,
-                             fold_first: bool | None = None, launch_order: str | None = None,
+                             fold_interleave: bool | None = None,
+                             fold_first: bool | None = None,
                              fold_prefetch_records_to: str | None = None,
                              coefficients: str = "pallas",
                              coefficient_warps: int = COEFFICIENT_WARPS,
-                             coefficient_key_heads: int = COEFFICIENT_KEY_HEADS,
-                             coefficient_stacked: bool = COEFFICIENT_STACKED,
                              coefficient_inline: int | None = COEFFICIENT_INLINE,
                              coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
-                             coefficient_key_split: bool = COEFFICIENT_KEY_SPLIT,
                              coefficient_loads_first: bool | None = (
                                  COEFFICIENT_LOADS_FIRST)):
   """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
@@ -536,10 +470,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   the other or, with ``fold_interleave`` (default `STREAM_FOLD_INTERLEAVE`), in one record
   loop), then stream them for the window. ``write_pos`` and ``cache_base`` are the cursors
   after the fold (the coefficients see no history for a folded row). ``ssm`` is aliased:
-  updated in place. ``fold_launch`` (default `FOLD_LAUNCH`): the folding rows streamed in the
-  same launch as the others (``"shared"``) or in one of their own, skipped when no row folds
-  (``"own"``); ``fold_first`` (default `STREAM_FOLD_FIRST`): the folding rows' programs
-  launched first, in the order that ``launch_order`` computes (default `LAUNCH_ORDER`);
+  updated in place. ``fold_first`` (default `STREAM_FOLD_FIRST`): the folding rows' programs
+  launched first (`launch_order.fold_first_order_pallas`);
   ``fold_prefetch_records_to`` (default `STREAM_FOLD_PREFETCH_RECORDS_TO`): the cache level
   a folding program prefetches its records to, or "off". The same bits.
 
@@ -563,19 +495,15 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
       interleave=STREAM_FOLD_INTERLEAVE if fold_interleave is None else fold_interleave,
       prefetch_records_to=fold_kernels.records_level(fold_prefetch_records_to,
                                                      STREAM_FOLD_PREFETCH_RECORDS_TO))
-  fold = StreamFold(loop=loop,
-                    launch=_choice("fold_launch", fold_launch or FOLD_LAUNCH, FOLD_LAUNCHES),
-                    first=STREAM_FOLD_FIRST if fold_first is None else fold_first,
-                    order=_choice("launch_order", launch_order or LAUNCH_ORDER, LAUNCH_ORDERS),
+  fold = StreamFold(loop=loop, first=STREAM_FOLD_FIRST if fold_first is None else fold_first,
                     compiled=not interpret)
   o, ssm, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
                          (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base),
                          (fold_count, fold_base), tuning=tuning, fold=fold,
                          dot_precision=dot_precision, interpret=interpret,
                          launch=CoefficientLaunch(
-                             coefficients, coefficient_warps, coefficient_key_heads,
-                             coefficient_stacked, coefficient_inline, coefficient_key_mma,
-                             coefficient_key_split, coefficient_loads_first))
+                             coefficients, coefficient_warps, coefficient_inline,
+                             coefficient_key_mma, coefficient_loads_first))
   return o, ssm, *rings
 
 
@@ -606,8 +534,6 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   slot_ids = cursors[0]
   _choice("coefficients", launch.form, COEFFICIENTS)
   T, H = q.shape[1:3]
-  if launch.key_heads < 1 or H % launch.key_heads:
-    raise ValueError(f"coefficient_key_heads={launch.key_heads} must divide the {H} key heads.")
   HV, L = v.shape[2], ring_g.shape[-1]
   mma = functools.partial(mma_algorithm, interpret=interpret)
   common = dict(T=T, L=L, gqa_ratio=HV // H, precision_t=mma("ieee", T))
@@ -619,29 +545,17 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   stream = functools.partial(_stream, v, scratch, tuning=tuning, interpret=interpret,
                              dot_precision=dot_precision, common=common)
 
-  def fused(ssm, ring_d, ring_rawv, **kw):  # the stream launch that folds
-    fold_inputs, row_cursors, row_folds = (ring_rawk, ring_g, ring_beta), cursors, fold_rows
-    if fold.first:  # the row arrays in launch order (`tile_program`)
-      ordered = fold_first_order if fold.order == "xla" else functools.partial(
-          fold_first_order_pallas, interpret=interpret)
-      order, *in_order = ordered(fold_rows[0], slot_ids, *cursors, *fold_rows)
-      row_cursors, row_folds = in_order[:len(cursors)], in_order[len(cursors):]
-      fold_inputs += (order,)
-    return stream(row_cursors, ssm, ring_d, ring_rawv, fold=fold, fold_rows=row_folds,
-                  fold_inputs=fold_inputs, **kw)
-
   if fold is None:
     o, ring_d, ring_rawv = stream(cursors, ssm, ring_d, ring_rawv)
-  elif fold.launch == "shared":
-    o, ring_d, ring_rawv, ssm = fused(ssm, ring_d, ring_rawv)
-  else:  # "own": the rows that fold nothing, then, if the device finds any, the folding rows
-    fold_count = fold_rows[0]
-    o, ring_d, ring_rawv = stream(cursors, ssm, ring_d, ring_rawv, rows="unfolded",
-                                  fold_rows=(fold_count,))
-    o, ring_d, ring_rawv, ssm = jax.lax.cond(
-        jnp.any((fold_count > 0) & (slot_ids >= 0)),
-        lambda o, d, rawv, ssm: fused(ssm, d, rawv, o=o, rows="folding"),
-        lambda *outs: outs, o, ring_d, ring_rawv, ssm)
+  else:  # the stream launch that folds
+    fold_inputs, row_cursors, row_folds = (ring_rawk, ring_g, ring_beta), cursors, fold_rows
+    if fold.first:  # the row arrays in launch order (`tile_program`)
+      order, *in_order = fold_first_order_pallas(fold_rows[0], slot_ids, *cursors, *fold_rows,
+                                                 interpret=interpret)
+      row_cursors, row_folds = in_order[:len(cursors)], in_order[len(cursors):]
+      fold_inputs += (order,)
+    o, ring_d, ring_rawv, ssm = stream(row_cursors, ssm, ring_d, ring_rawv, fold=fold,
+                                       fold_rows=row_folds, fold_inputs=fold_inputs)
   return o, ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)
 
 
@@ -660,13 +574,8 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
                              cache_base)
   mma = functools.partial(mma_algorithm, interpret=interpret)
   key_mma = T > 1 if launch.key_mma is None else launch.key_mma
-  programs = B * H // launch.key_heads
-  loads_first = ((T == 1 or programs <= LOADS_FIRST_MAX_PROGRAMS)
+  loads_first = ((T == 1 or B * H <= LOADS_FIRST_MAX_PROGRAMS)
                  if launch.loads_first is None else launch.loads_first)
-  if launch.key_split and not (key_mma and key_rings[0].dtype == jnp.bfloat16):
-    raise ValueError(f"coefficient_key_split=True needs the key products on the tensor cores "
-                     f"and a bfloat16 key ring; got coefficient_key_mma={key_mma} and a "
-                     f"{key_rings[0].dtype} ring.")
   scratch = (jax.ShapeDtypeStruct((B, H, 2 * T_pad, K), q.dtype),
              jax.ShapeDtypeStruct((B, H, 2 * T_pad), f32),
              jax.ShapeDtypeStruct((B, HV, 2 * T_pad, L), f32),
@@ -674,12 +583,11 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
              jax.ShapeDtypeStruct((B, HV, T_pad), f32))
   inputs = (slot_ids, write_pos, cache_base, q, k, a, b, A_log, dt_bias, *key_rings)
   *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
-      functools.partial(_coefficients_kernel, scale=K ** -0.5, key_heads=launch.key_heads,
-                        stacked=launch.stacked, inline=launch.inline, key_mma=key_mma,
-                        key_split=launch.key_split, loads_first=loads_first,
+      functools.partial(_coefficients_kernel, scale=K ** -0.5, inline=launch.inline,
+                        key_mma=key_mma, loads_first=loads_first,
                         precision_k=mma(dot_precision, K), **common),
       out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
-      grid=row_grid(B, H // launch.key_heads),
+      grid=row_grid(B, H),
       input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
       interpret=interpret,
       compiler_params=KernelTuning(num_warps=launch.warps, num_stages=1).compiler_params(),
@@ -690,13 +598,12 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
 
 def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning,
             interpret: bool, dot_precision: str, common: dict, fold: StreamFold | None = None,
-            rows: str | None = None, fold_rows=(), fold_inputs=(), o=None):
+            fold_rows=(), fold_inputs=()):
   """One launch of `_stream_kernel`; ``ring_d``, ``ring_rawv`` (and with ``fold`` ``ssm``)
-  updated in place. ``fold_rows``: ``(fold_count,)`` with ``rows``, ``(fold_count,
-  fold_base)`` with ``fold``, whose ``fold_inputs`` are ``(ring_rawk, ring_g, ring_beta)``
-  and, with ``fold.first``, the rows' launch order, in which ``cursors`` and ``fold_rows`` then
-  come (`tile_program`); ``o``: the outputs of a launch before it
-  (``rows="folding"``). Returns ``(o, ring_d, ring_rawv)``, and ``ssm`` last with ``fold``."""
+  updated in place. With ``fold``: ``fold_rows = (fold_count, fold_base)`` and ``fold_inputs
+  = (ring_rawk, ring_g, ring_beta)``, with ``fold.first`` and the rows' launch order, in which
+  ``cursors`` and ``fold_rows`` then come (`tile_program`). Returns ``(o, ring_d,
+  ring_rawv)``, and ``ssm`` last with ``fold``."""
   B, _, HV, V = v.shape
   K = ssm.shape[-1]
   kc = min(tuning.k_chunk, K)
@@ -705,9 +612,6 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
   first_ring = len(cursors) + 2 + len(scratch)
   aliases = {first_ring: 1, first_ring + 1: 2}  # ring_d, ring_rawv
   out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (v, ring_d, ring_rawv)]
-  if o is not None:
-    aliases[len(inputs)] = 0
-    inputs.append(o)
   if fold is not None:  # the folded checkpoint is a fourth output, in place
     aliases[len(cursors) + 1] = 3
     out_shape.append(jax.ShapeDtypeStruct(ssm.shape, ssm.dtype))
@@ -715,7 +619,7 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
       functools.partial(_stream_kernel, block_v=tuning.block_v, k_chunk=kc,
                         precision_k=mma(dot_precision, kc),
                         precision_l=mma(dot_precision, common["L"]),
-                        fold=fold, rows=rows, early="none" if fold else _choice(
+                        fold=fold, early="none" if fold else _choice(
                             "STREAM_EARLY", STREAM_EARLY, STREAM_EARLIES), **common),
       out_shape=tuple(out_shape),
       grid=((HV, V // tuning.block_v, B) if fold and fold.first
@@ -724,5 +628,5 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
       name=f"replay_stream_T{common['T']}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
-           f"{'_fold' if fold else ''}{'_' + rows if rows else ''}",
+           f"{'_fold' if fold else ''}",
   )(*inputs)

@@ -409,8 +409,7 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
                            q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
                            fold_count, fold_base, *, tuning: KernelTuning,
                            fold_tuning: KernelTuning, dot_precision: str, interpret: bool,
-                           form: str | None = None, fold_launch: str | None = None,
-                           fold_first: bool | None = None, launch_order: str | None = None):
+                           form: str | None = None, fold_first: bool | None = None):
   """`fold.fold` of ``fold_count[b]`` records (ring index ``fold_base[b]`` on), then
   `replay_verify`, with the fold inside the verify: each program folds the checkpoint rows it
   reads in place first, in the split form's stream kernel
@@ -420,10 +419,8 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
   and ``fold_tuning`` the recurrent kernels' tuning (the fold's bitwise tie: a program folds
   in tiles of as many rows per warp as theirs, `replay_split.stream_fold_block_v`); ``ssm`` is
   updated in place. ``form`` None picks `backend.replay_form`. For the split forms,
-  ``fold_launch``: the folding rows' stream programs in the launch of the others or in their
-  own (`replay_split.FOLD_LAUNCHES`; None: `replay_split.FOLD_LAUNCH`); ``fold_first``: those
-  programs launched first (None: `replay_split.STREAM_FOLD_FIRST`), in an order computed as
-  ``launch_order`` says (`replay_split.LAUNCH_ORDERS`; None: `replay_split.LAUNCH_ORDER`).
+  ``fold_first``: the folding rows' stream programs launched first (None:
+  `replay_split.STREAM_FOLD_FIRST`).
 
   Returns:
     ``(o, ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``.
@@ -455,9 +452,7 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
   return replay_split.fold_replay_verify_split(
       *args, fold_count, fold_base, tuning=tuning, fold_tuning=fold_tuning,
       dot_precision=dot_precision, interpret=interpret,
-      fold_launch=fold_launch or replay_split.FOLD_LAUNCH,
       fold_first=replay_split.STREAM_FOLD_FIRST if fold_first is None else fold_first,
-      launch_order=launch_order or replay_split.LAUNCH_ORDER,
       coefficients="xla" if form == "split-xla" else "pallas")
 
 
