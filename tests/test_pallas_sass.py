@@ -59,3 +59,25 @@ def test_a_triton_backend_kernel_compiles_for_sm90():
   assert mix["FFMA"] > 64 and 64 <= mix["FMUL"] < 128
   with pytest.raises(ValueError, match="the triton backend's are"):
     pallas_sass.triton_backend_sm90("fold")
+
+
+def test_shipped_sass_is_saved_and_compared(tmp_path, monkeypatch):
+  """``shipped --save`` then ``--compare``: the same SASS; with the fold kernel's record loads
+  moved, the fold's SASS differs and is named (exit 1), and a saved launch no longer compiled
+  counts as changed too."""
+  pytest.importorskip("triton")
+  from replayssm_jax.kernels import fold
+
+  only = ["fold_T", "recurrent_decode"]
+  assert pallas_sass.main(["shipped", "--only", *only, "--save", str(tmp_path)]) == 0
+  saved = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.glob("*/*.sass"))
+  assert [p.split("/")[0] for p in saved] == ["fold_T4_B256", "recurrent_decode_T4_B256"]
+  assert pallas_sass.main(["shipped", "--only", *only, "--compare", str(tmp_path)]) == 0
+  other = next(x for x in fold.PREFETCH_ATS if x != fold.FOLD_PREFETCH_AT)
+  monkeypatch.setattr(fold, "FOLD_PREFETCH_AT", other)
+  found = pallas_sass.shipped_sass(only=only)
+  # The fold's kernel name holds its launch, so it may show as changed and as gone.
+  assert {k.split("/")[0] for k in pallas_sass.compare_sass(found, tmp_path)} == {"fold_T4_B256"}
+  assert pallas_sass.main(["shipped", "--only", *only, "--compare", str(tmp_path)]) == 1
+  del found[next(k for k in found if k.startswith("recurrent_decode"))]
+  assert "recurrent_decode" in " ".join(pallas_sass.compare_sass(found, tmp_path))

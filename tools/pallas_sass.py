@@ -18,6 +18,16 @@ GPU; the schedule, and so the speed, needs the GPU.
     PYTHONPATH=$PWD python tools/pallas_sass.py --backend triton exact_fold_L16
     PYTHONPATH=$PWD python tools/pallas_sass.py --backend triton replay_split_coefficients_T4 \
         --set kernels.triton.replay_split.HEADS_LOOP=True
+    PYTHONPATH=$PWD python tools/pallas_sass.py shipped --save /tmp/before
+    # ... a refactor ...
+    PYTHONPATH=$PWD python tools/pallas_sass.py shipped --compare /tmp/before
+
+``shipped`` compiles every launch the library ships (`SHIPPED`: the fold, the recurrent kernels,
+and the replay verify with and without the fold at T = 1 and 4 and B = 1, 16, 64 and 256; with
+``--backend triton`` every launch of `compile_check`) and saves their SASS, or compares it with a
+saved set: a refactor's "no compiled change", stronger than `tools/trace_fingerprint.py`'s traces
+(which a no-op such as ``x * 1`` changes). It exits 1 and names the kernels whose SASS moved.
+About 80 seconds for the Pallas set on a 2-core CPU.
 
 The triton backend's kernels (``--backend triton``) are compiled from their own launches at
 `kernels.triton.compile_check`'s anchor geometry; run it with the H200's triton (3.6) for the
@@ -49,6 +59,9 @@ from replayssm_jax.kernels import replay_split
 from replayssm_jax.kernels.backend import layer_shapes
 
 KERNELS = ("fold", "recurrent_verify", "recurrent_decode", "replay_verify", "fold_replay_verify")
+# (kernel, T, B) of every Pallas launch the library ships: the forms and launches by T and B.
+SHIPPED = ([(k, 4, 256) for k in KERNELS[:3]]
+           + [(k, T, B) for k in KERNELS[3:] for T in (1, 4) for B in (1, 16, 64, 256)])
 ACT = jnp.bfloat16
 
 
@@ -168,6 +181,55 @@ def sass_report(compiled, name: str, num_warps: int) -> dict:
               instructions=len(instructions), loops=loops(instructions), sass=sass)
 
 
+def shipped_sass(backend: str = "pallas", only=None) -> dict[str, str]:
+  """``{"<call>/<kernel name>": SASS}`` of every launch in `SHIPPED` (or, ``triton``, every
+  launch of `compile_check`), those whose call starts with one of ``only`` if given."""
+  keep = lambda call: only is None or any(call.startswith(o) for o in only)
+  jax.clear_caches()  # the module knobs a caller has set are read at trace time
+  found = {}
+  if backend == "triton":
+    from replayssm_jax.kernels.triton import compile_check
+    for name in compile_check.launches(**compile_check.ANCHOR):
+      if keep(name):
+        found[f"{name}/{name}"] = triton_backend_sm90(name)["sass"]
+    return found
+  with tempfile.TemporaryDirectory() as tmp:
+    for kernel, T, B in SHIPPED:
+      call_name = f"{kernel}_T{T}_B{B}"
+      if keep(call_name):
+        fn, shapes = call(kernel, B, T, 16, interpret=False)
+        for module in triton_modules(fn, shapes):
+          found[f"{call_name}/{module['name']}"] = compile_sm90(module, Path(tmp))["sass"]
+  return found
+
+
+def compare_sass(found: dict[str, str], saved: Path) -> list[str]:
+  """The keys of ``found`` whose SASS differs from, or is missing in, the folder ``saved``
+  (as `main`'s ``--save`` writes it), and the saved ones ``found`` lacks."""
+  changed = [key for key, sass in found.items()
+             if not (saved / f"{key}.sass").is_file()
+             or (saved / f"{key}.sass").read_text() != sass]
+  gone = sorted(str(f.relative_to(saved).with_suffix("")) for f in saved.glob("*/*.sass"))
+  return changed + [key for key in gone if key not in found]
+
+
+def _shipped(args) -> int:
+  """`main` for the kernel ``shipped``: save or compare the SASS of every shipped launch."""
+  found = shipped_sass(args.backend, args.only)
+  if args.save:
+    for key, sass in found.items():
+      (args.save / key).parent.mkdir(parents=True, exist_ok=True)
+      (args.save / f"{key}.sass").write_text(sass)
+    print(f"saved the SASS of {len(found)} launches in {args.save}")
+  if args.compare:
+    changed = compare_sass(found, args.compare)
+    for key in changed:
+      print(f"changed: {key}")
+    print(f"{len(found) - len(changed)} of {len(found)} launches compile to the same SASS")
+    return 1 if changed else 0
+  return 0
+
+
 def _opcode(text: str) -> str:
   words = text.split()
   return words[1] if words[0].startswith("@") else words[0]
@@ -190,7 +252,8 @@ def loops(instructions: list[tuple[str, str]]) -> list[dict]:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("kernel", help=f"Pallas: one of {', '.join(KERNELS)}; triton: a name of "
-                 "`kernels.triton.compile_check`'s launches (e.g. exact_fold_L16)")
+                 "`kernels.triton.compile_check`'s launches (e.g. exact_fold_L16); either: "
+                 "'shipped', every shipped launch, with --save or --compare")
   p.add_argument("--backend", choices=("pallas", "triton"), default="pallas",
                  help="triton: the native kernel at compile_check's anchor geometry (the "
                  "other options but --sass do not apply)")
@@ -201,6 +264,12 @@ def main(argv=None) -> int:
   p.add_argument("--kw", default="{}", type=ast.literal_eval,
                  help="extra keyword arguments as a dict literal, e.g. \"{'prefetch': False}\"")
   p.add_argument("--sass", type=Path, help="write each kernel's SASS into this folder")
+  p.add_argument("--save", type=Path, help="shipped: write the SASS into this folder")
+  p.add_argument("--compare", type=Path,
+                 help="shipped: compare the SASS with a --save folder; exit 1 if any moved")
+  p.add_argument("--only", nargs="+", metavar="PREFIX",
+                 help="shipped: only the calls (e.g. fold_replay_verify_T4_B64) or triton "
+                      "launches whose name starts with one of these")
   p.add_argument("--set", type=bench._knob, action="append", default=[],
                  metavar="MODULE.NAME=VALUE",
                  help="set a knob of replayssm_jax.MODULE first (repeatable), as "
@@ -208,6 +277,10 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   for module, name, value in args.set:  # a tool's own process: nothing to restore
     setattr(module, name, value)
+  if args.kernel == "shipped":
+    if not (args.save or args.compare):
+      p.error("shipped needs --save DIR or --compare DIR.")
+    return _shipped(args)
   with tempfile.TemporaryDirectory() as tmp:
     if args.backend == "triton":
       reports = [triton_backend_sm90(args.kernel)]
