@@ -103,18 +103,9 @@ def records_of_window(x, slots, L: int, cache_base):
   return rings["ring_rawk"], rings["ring_rawv"], rings["ring_g"], rings["ring_beta"]
 
 
-# The fold's record loop and cache prefetches, none of which may change a bit: the default,
-# no prefetch with the records loaded where used, and every knob on (a tile ahead of 3
-# programs, within the small grids of the cases).
-FOLD_LAUNCHES = {"default": {}, "plain": dict(prefetch_records=False, tile_ahead=0,
-                                              record_ahead=False),
-                 "ahead": dict(prefetch_records=True, tile_ahead=3, record_ahead=True)}
-
-
-@pytest.mark.parametrize("launch", FOLD_LAUNCHES)
 @pytest.mark.parametrize("dtype", rec_tests.DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("case", rec_tests.CASES, ids=rec_tests.case_id)
-def test_fold_bitwise_equals_recurrent_verify(case, dtype, launch, mode):
+def test_fold_bitwise_equals_recurrent_verify(case, dtype, mode):
   """Folding n records equals the triton recurrent state after n tokens, bit for bit.
 
   The records are those the triton replay verify writes for the same window (DESIGN sections
@@ -133,8 +124,7 @@ def test_fold_bitwise_equals_recurrent_verify(case, dtype, launch, mode):
   base = jnp.asarray(rng.integers(0, L, B).astype(np.int32))
   rings = records_of_window(x, slots, L, base)
   count = jnp.asarray(rng.integers(1, T + 1, B), jnp.int32)
-  folded = triton_kernels.fold(x["ssm"], *rings, slots, count, base, tuning=tuning,
-                               **FOLD_LAUNCHES[launch])
+  folded = triton_kernels.fold(x["ssm"], *rings, slots, count, base, tuning=tuning)
   folded_ref = pallas_fold.fold_reference(x["ssm"], *rings, slots, count, base)
   for row, slot in enumerate(np.asarray(slots)):
     if slot < 0:

@@ -29,17 +29,13 @@ from replayssm_jax.kernels.triton.launch import Launch, run
 from replayssm_jax.kernels.triton.recurrent import check_tuning
 
 # The record loop's loads, after the Pallas fold's (`replayssm_jax.kernels.fold`, NOTES runs
-# 18 and 24); none changes a bit. A program asks L1 for all its records when it starts
-# (`FOLD_PREFETCH_RECORDS`), so the loop's loads find them there; record i + 1's norm, v, g and
-# beta are loaded right after record i's update (`FOLD_RECORD_AHEAD`; loaded before it, the
-# kernel takes 168 registers with triton 3.6, 127 after); `FOLD_TILE_AHEAD` asks L2 for the checkpoint
-# tile of the program that many launches later. H200, 12 records (NOTES run 32): B=256 613 ->
-# 512 us with the records in L1, 472 with them loaded ahead too (B=64 167 -> 140 -> 130); the
-# tile 132 ahead, worth 11 us to the Pallas fold, gained nothing (515 against 512, 472 against
-# 471).
-FOLD_PREFETCH_RECORDS = True
-FOLD_RECORD_AHEAD = True
-FOLD_TILE_AHEAD = 0
+# 18 and 24); neither changes a bit. A program asks L1 for all its records when it starts, so
+# the loop's loads find them there, and record i + 1's norm, v, g and beta are loaded right
+# after record i's update (loaded before it, the kernel takes 168 registers with triton 3.6,
+# 127 after). H200, 12 records (NOTES run 32): B=256 613 -> 512 us with the records in L1, 472
+# with them loaded ahead too (B=64 167 -> 140 -> 130). The checkpoint tile of the program 132
+# launches later asked of L2, worth 11 us to the Pallas fold, gained nothing here (515 against
+# 512, 472 against 471). Session 34 removed the three switches (the code is in d5fe77a).
 
 
 @triton.jit
@@ -61,22 +57,6 @@ def _prefetch_records(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, s
                 + _lines(ring_rawv_ptr, BV)[None, :], "L1")
   tile.prefetch(_lines(ring_g_ptr + (slot * HV + h) * L, L), "L1")
   tile.prefetch(_lines(ring_beta_ptr + (slot * HV + h) * L, L), "L1")
-
-
-@triton.jit
-def _prefetch_tile_ahead(slot_ids_ptr, count_ptr, ssm_ptr, AHEAD: tl.constexpr, HV: tl.constexpr,
-                         K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-  """The checkpoint tile of the program launched ``AHEAD`` after this one into L2, if it folds:
-  programs start in launch order (axis 0 fastest) as others end, so it starts about when this
-  one is done with its tile."""
-  NJ: tl.constexpr = V // BV
-  linear = (tl.program_id(2) * HV + tl.program_id(1)) * NJ + tl.program_id(0) + AHEAD
-  row = linear // (NJ * HV)
-  if row < tl.num_programs(2):
-    slot = tl.load(slot_ids_ptr + row).to(tl.int64)
-    if (slot >= 0) & (tl.load(count_ptr + row) > 0):
-      h, j = (linear // NJ) % HV, linear % NJ
-      tile.prefetch(_lines(ssm_ptr + ((slot * HV + h) * V + j * BV) * K, BV * K), "L2")
 
 
 @triton.jit
@@ -103,96 +83,65 @@ def _fold_kernel(
     # outputs
     ssm_ptr,  # [slots, HV, V, K] f32, updated in place
     L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, KC: tl.constexpr, PREFETCH_RECORDS: tl.constexpr,
-    TILE_AHEAD: tl.constexpr, RECORD_AHEAD: tl.constexpr,
+    BV: tl.constexpr, KC: tl.constexpr,
 ):
   j, h, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
   slot = tl.load(slot_ids_ptr + row).to(tl.int64)
   count, base = tl.load(count_ptr + row), tl.load(cache_base_ptr + row)
   kh = h // (HV // H)
-  if TILE_AHEAD > 0:
-    _prefetch_tile_ahead(slot_ids_ptr, count_ptr, ssm_ptr, TILE_AHEAD, HV, K, V, BV)
   if (slot >= 0) & (count > 0):
     rows, cols = tile.state_offsets(BV, K, KC)
     state = ssm_ptr + ((slot * HV + h) * V + j * BV) * K
     S = tile.load_tile(state, rows, cols)
-    if PREFETCH_RECORDS:
-      _prefetch_records(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, slot, h, kh, j,
-                        count, base, L, H, HV, K, V, BV)
+    _prefetch_records(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, slot, h, kh, j,
+                      count, base, L, H, HV, K, V, BV)
     rawk = ring_rawk_ptr + (slot * H + kh) * L * K
     record = (slot * HV + h) * L
-    if RECORD_AHEAD:
-      # Record i + 1's norm, v, g and beta are loaded right after record i's update; its k,
-      # as large as the tile, where used.
+    # Record i + 1's norm, v, g and beta are loaded right after record i's update; its k, as
+    # large as the tile, where used.
+    inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record, j,
+                                   base & (L - 1), K, V, BV)
+    for i in range(count):
+      p = (base + i) & (L - 1)
+      k = tile.load_vector(rawk + p * K, rows, cols)
+      S, d = tile.delta_rule_step(S, k, inv_norm, v, g, beta)
       inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record, j,
-                                     base & (L - 1), K, V, BV)
-      for i in range(count):
-        p = (base + i) & (L - 1)
-        k = tile.load_vector(rawk + p * K, rows, cols)
-        S, d = tile.delta_rule_step(S, k, inv_norm, v, g, beta)
-        inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record,
-                                       j, (base + i + 1) & (L - 1), K, V, BV)
-    else:
-      for i in range(count):
-        p = (base + i) & (L - 1)
-        inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record,
-                                       j, p, K, V, BV)
-        k = tile.load_vector(rawk + p * K, rows, cols)
-        S, d = tile.delta_rule_step(S, k, inv_norm, v, g, beta)
+                                     (base + i + 1) & (L - 1), K, V, BV)
     tile.store_tile(state, rows, cols, S)
 
 
 def fold_launch(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
-                tuning: KernelTuning, prefetch_records: bool | None = None,
-                tile_ahead: int | None = None, record_ahead: bool | None = None) -> Launch:
-  """The fold's launch, from arrays or shapes; ``prefetch_records``, ``tile_ahead`` and
-  ``record_ahead`` as `fold`'s."""
+                tuning: KernelTuning) -> Launch:
+  """The fold's launch, from arrays or shapes."""
   (_, HV, V, K), (_, H, L, _) = ssm.shape, ring_rawk.shape
   kc = min(tuning.k_chunk, K)
-  prefetch_records = FOLD_PREFETCH_RECORDS if prefetch_records is None else prefetch_records
-  tile_ahead = FOLD_TILE_AHEAD if tile_ahead is None else tile_ahead
-  record_ahead = FOLD_RECORD_AHEAD if record_ahead is None else record_ahead
-  if tile_ahead < 0:
-    raise ValueError(f"fold: tile_ahead={tile_ahead} must be >= 0.")
   return Launch(
       kernel=_fold_kernel,
-      name=(f"triton_exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
-            f"{'_cL1' if prefetch_records else ''}{f'_t{tile_ahead}' if tile_ahead else ''}"
-            f"{'_ra' if record_ahead else ''}"),
+      name=f"triton_exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}",
       grid=(V // tuning.block_v, HV, slot_ids.shape[0]),
       inputs=dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                   ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm),
       outputs=dict(ssm="ssm"),
-      constexprs=dict(L=L, H=H, HV=HV, K=K, V=V, BV=tuning.block_v, KC=kc,
-                      PREFETCH_RECORDS=prefetch_records, TILE_AHEAD=tile_ahead,
-                      RECORD_AHEAD=record_ahead),
+      constexprs=dict(L=L, H=H, HV=HV, K=K, V=V, BV=tuning.block_v, KC=kc),
       num_warps=tuning.num_warps, num_stages=tuning.num_stages, fp_fusion=tile.FP_FUSION)
 
 
-@functools.partial(jax.jit, static_argnames=("tuning", "prefetch_records", "tile_ahead",
-                                             "record_ahead"))
+@functools.partial(jax.jit, static_argnames=("tuning",))
 def _fold_call(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
-               tuning: KernelTuning, **launch):
+               tuning: KernelTuning):
   return run(fold_launch(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
-                         cache_base, tuning=tuning, **launch))[0]
+                         cache_base, tuning=tuning))[0]
 
 
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
-         tuning: KernelTuning, prefetch_records: bool | None = None,
-         tile_ahead: int | None = None, record_ahead: bool | None = None):
+         tuning: KernelTuning):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args and returns as `replayssm_jax.kernels.fold.fold`; ``tuning`` must be the triton
-  recurrent kernels' for the bitwise tie. The cache prefetches change no bit:
-  ``prefetch_records`` asks L1 for all of a program's records when it starts (default
-  `FOLD_PREFETCH_RECORDS`); ``tile_ahead`` asks L2 for the checkpoint tile of the program that
-  many launches later, 0 for none (default `FOLD_TILE_AHEAD`); ``record_ahead`` loads record
-  i + 1's norm, v, g and beta right after record i's update, not where used (default
-  `FOLD_RECORD_AHEAD`).
+  recurrent kernels' for the bitwise tie.
   """
   pallas_fold._check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
                             cache_base)
   check_tuning(tuning, ssm.shape[2], ssm.shape[3])
   return _fold_call(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base,
-                    tuning=tuning, prefetch_records=prefetch_records, tile_ahead=tile_ahead,
-                    record_ahead=record_ahead)
+                    tuning=tuning)

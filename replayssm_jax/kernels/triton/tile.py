@@ -2,8 +2,8 @@
 
 Every ``@triton.jit`` function here computes one function of `replayssm_jax.reference`
 (`gating` = ``gdn_gating``, `load_key` and `inverse_norm` = ``l2_normalize``, `delta_rule_step`
-= ``delta_rule_step``), in an order of its own where that saves instructions (`RAW_KEY`,
-`FMA_MATVEC`), so within fp32 rounding of it. The recurrent kernels and the exact fold go
+= ``delta_rule_step``), in an order of its own where that saves instructions (the key's norm
+applied to a row's K-sum, `FMA_MATVEC`), so within fp32 rounding of it. The recurrent kernels and the exact fold go
 through the same functions with the same launch parameters (block_v, k_chunk, num_warps),
 which is what keeps the folded checkpoint bitwise equal to the recurrent state (DESIGN section
 4).
@@ -73,11 +73,11 @@ FP_FUSION = False
 # Instructions of the state kernels' loops (NOTES run 34; triton 3.6, the fold's record loop
 # 455 -> 369 a warp, the recurrent verify's token loop 880 -> 666): `matvec` adds a thread's
 # chunks as a chain of fmas (`FMA_MATVEC`), not as products and then sums; the key's norm
-# scales a row's K-sum and d (`RAW_KEY`), not each element of k and q. H200, B=256, at the
-# (32, 2, 16) tiles of then: the fold 473.9 -> 458.5 (chain) -> 448.8 us (both); the recurrent
-# verify 729.5 -> 792.0 (chain alone: 168 registers against 157) -> 725.0 (both).
+# scales a row's K-sum and d (`delta_rule_step`, `scaled_matvec`), not each element of k and q.
+# H200, B=256, at the (32, 2, 16) tiles of then: the fold 473.9 -> 458.5 (chain) -> 448.8 us
+# (both); the recurrent verify 729.5 -> 792.0 (chain alone: 168 registers against 157) -> 725.0
+# (both). Session 34 removed the switch of the second (the code is in d5fe77a).
 FMA_MATVEC = tl.constexpr(not INTERPRET)
-RAW_KEY = tl.constexpr(True)
 
 if INTERPRET:
 
@@ -228,10 +228,9 @@ def inverse_norm(ptr, K: tl.constexpr):
 
 @triton.jit
 def scaled_matvec(S, x, inv_norm, scale):
-  """``S (x inv_norm scale)`` for a raw K-vector ``x`` (q_hat times the output scale)."""
-  if RAW_KEY:
-    return matvec(S, x) * (inv_norm * scale)
-  return matvec(S, x * inv_norm * scale)
+  """``S (x inv_norm scale)`` for a raw K-vector ``x`` (q_hat times the output scale), with the
+  norm and scale on the row sums."""
+  return matvec(S, x) * (inv_norm * scale)
 
 
 @triton.jit
@@ -239,18 +238,12 @@ def delta_rule_step(S, k, inv_norm, v, g, beta):
   """`reference.delta_rule_step` on a chunked tile for ``k_hat = k inv_norm``: ``(S_new, d)``.
 
   ``S <- exp(g) S``, ``d = beta (v - S k_hat)``, ``S <- S + d k_hat^T`` (one fma), in that order.
-  With `RAW_KEY` the norm scales the K-sum and d (a value a row), not k (a value a column).
-  The kernels that share it compile with ``FP_FUSION`` off, so the only fmas are this one and
-  `matvec`'s.
+  The norm scales the K-sum and d (a value a row), not k (a value a column). The kernels that
+  share it compile with ``FP_FUSION`` off, so the only fmas are this one and `matvec`'s.
   """
   S = S * exp(g)
-  if RAW_KEY:
-    d = beta * (v - matvec(S, k) * inv_norm)
-    d_k = d * inv_norm
-  else:
-    k = k * inv_norm
-    d = beta * (v - matvec(S, k))
-    d_k = d
+  d = beta * (v - matvec(S, k) * inv_norm)
+  d_k = d * inv_norm
   d_rows = tl.expand_dims(tl.expand_dims(d_k, 1), CHUNK_AXIS)  # [BV] along the tile's rows
   S = tl.fma(tl.broadcast_to(d_rows, S.shape), k, S)  # explicit: FP_FUSION is off
   return S, d
