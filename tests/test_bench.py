@@ -24,9 +24,11 @@ def test_bench_smoke(tmp_path):
                        "--decode-rings", "8", "--out", str(out)]) == 0
   result = json.loads(out.read_text())
   names = {row["kernel"] for row in result["rows"]}
-  assert names == {"rec_verify", "rec_commit", "rec_decode", "rssm_verify", "exact_fold", "rssm_step_nf",
-                   "rssm_step_f", "rssm_step_mixed", "rssm_traffic", "rssm_decode_cycle",
-                   "rssm_decode_spread"}
+  assert names == {"rec_verify", "rec_commit", "rec_decode", "rssm_verify", "copy_verify_bytes",
+                   "exact_fold", "rssm_step_nf", "rssm_step_f", "rssm_step_mixed", "rssm_traffic",
+                   "rssm_decode_cycle", "rssm_decode_spread"}
+  rows = {row["kernel"]: row for row in result["rows"]}
+  assert abs(rows["copy_verify_bytes"]["min_bytes"] - rows["rssm_verify"]["min_bytes"]) <= 8
   for row in result["rows"]:
     assert row["median_us"] > 0 and row["min_bytes"] > 0 and row["wall_us"] > 0
   assert {"date", "device", "jax", "copy_tbps"} <= result.keys()

@@ -194,7 +194,7 @@ TRAFFIC_STEPS = 24  # verify + commit steps per call of the traffic path
 # The paths `bench_batch` can time, in groups (``--paths``), each independent of the others.
 PATH_GROUPS = {
     "recurrent": ("rec_verify", "rec_commit", "rec_decode"),
-    "kernels": ("rssm_verify", "exact_fold"),
+    "kernels": ("rssm_verify", "copy_verify_bytes", "exact_fold"),
     "steps": ("rssm_step_nf", "rssm_step_f", "rssm_step_mixed"),
     "traffic": ("rssm_traffic",),
     "decode": ("rssm_decode_cycle", "rssm_decode_spread"),
@@ -281,6 +281,14 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
     t, cache = time_calls(jax.jit(replay_only, donate_argnums=0), cache, args=(slot_ids,),
                           reps=reps)
     yield "rssm_verify", 8, L, t, B * nbytes.rssm_verify(8)
+    # The verify's bytes moved by one elementwise pass over a donated fp32 buffer: the copy
+    # probe at this size, with the per-call costs (launch, ramp, tail, L2 write-back) that the
+    # 4 GiB probe spreads over 8 GiB. H200 reads of the checkpoint (tools/read_ceiling.py,
+    # runs 26-27) fit 8.6-9.1 us a call + bytes at 4.29-4.34 TB/s, over B=64 and 256.
+    half = B * nbytes.rssm_verify(8) // 8  # fp32 elements: as many bytes read as written
+    t, _ = time_calls(jax.jit(lambda y: y + 1.0, donate_argnums=0),
+                      jnp.zeros(half, jnp.float32), reps=reps)
+    yield "copy_verify_bytes", 0, 0, t, 8 * half
     t, cache = time_calls(jax.jit(fold_only, donate_argnums=0), cache,
                           args=(slot_ids, jnp.full((B,), wp_fold, jnp.int32)), reps=reps)
     yield "exact_fold", wp_fold, L, t, B * nbytes.fold(wp_fold)
