@@ -68,7 +68,7 @@ from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_in
 # at B=256, T=4 (H200, benchmarks/NOTES.md run 6). One key head a program: two or four took
 # longer (run 7: 57 -> 67.6 / 75.3 us), and so did the window's products as one dot over a
 # stacked ``[q_hat; k_hat]`` (run 8: one dot each, 57 -> 51 us). Both variants, and run 20's
-# key products as two bf16 dots, were removed after session 34 (the code is in d5fe77a).
+# key products as two bf16 dots, were removed in session 34 (the code is in d5fe77a).
 COEFFICIENT_WARPS = 1
 # Products of the coefficients kernel written out as a multiply and a sum (`replay_parts.dot`'s
 # ``inline``): those of at most this many multiplies, and single rows; None: all dots. H200,
@@ -382,7 +382,7 @@ STREAM_EARLY = "loads"
 # against 158 us, benchmarks/NOTES.md run 10). The folding rows in a launch of their own, after
 # the plain stream of the others and only when some row folds (a `lax.cond`), lost where it
 # matters (run 11, B=256: verify traffic 331 -> 339 us, decode with the rows out of phase 223
-# -> 234): the folding programs no longer hide behind the other rows' streams. Removed after
+# -> 234): the folding programs no longer hide behind the other rows' streams. Removed in
 # session 34 (the code is in d5fe77a), as was the launch order below computed by XLA ops.
 #
 # Whether that launch starts the folding rows' programs first: its grid runs the rows in the
