@@ -415,3 +415,19 @@ def test_profile_runs_each_kernel(capsys):
   out = capsys.readouterr().out
   for what in ("replay verify T=4", "replay verify T=1", "fold", "mixed-phase verify step"):
     assert f"{what}: 2 calls" in out, out
+
+
+def test_size_table_sets_the_verify_against_a_copy_of_its_bytes():
+  """Per B with both rows, the verify's and the same-size copy's times and % of copy, and
+  their ratio; nothing for a file without copy rows."""
+  from replayssm_jax.bench import report
+
+  def row(kernel, B, us, pct):
+    return dict(kernel=kernel, B=B, L=16, wp=8, median_us=us, pct_copy=pct)
+
+  rows = [row("rssm_verify", 64, 54.7, 65.5), row("copy_verify_bytes", 64, 45.0, 79.6),
+          row("rssm_verify", 256, 177.3, 80.9)]
+  table = report.size_table({"rows": rows})
+  assert "| 64 | 54.7 | 65.5 | 45.0 | 79.6 | 1.22x |" in table
+  assert "| 256 |" not in table  # no copy row at B=256
+  assert report.size_table({"rows": rows[:1] + rows[2:]}) == ""

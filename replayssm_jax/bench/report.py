@@ -70,6 +70,25 @@ def summary_table(result: dict) -> str:
   return "\n".join(lines)
 
 
+def size_table(result: dict) -> str:
+  """Per B with both rows: the replay verify against one launch copying its bytes
+  (``copy_verify_bytes``), whose % of the 4 GiB probe's rate is what a single call of that size
+  can reach; "" for files without the copy rows (before session 34)."""
+  by = {(r["kernel"], r["B"]): r for r in result["rows"]}
+  batches = sorted({B for kernel, B in by if kernel == "copy_verify_bytes"
+                    and ("rssm_verify", B) in by})
+  if not batches:
+    return ""
+  lines = ["| B | replay verify us | % copy | copy of its bytes us | % copy | verify / copy |",
+           "|---:|---:|---:|---:|---:|---:|"]
+  for B in batches:
+    verify, copy = by[("rssm_verify", B)], by[("copy_verify_bytes", B)]
+    lines.append(f"| {B} | {verify['median_us']:.1f} | {verify['pct_copy']:.1f} "
+                 f"| {copy['median_us']:.1f} | {copy['pct_copy']:.1f} "
+                 f"| {verify['median_us'] / copy['median_us']:.2f}x |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("results")
@@ -80,6 +99,10 @@ def main(argv=None) -> int:
         f"{result['copy_tbps']:.2f} TB/s; timing: {result['copy_method']}, L2 flushed by a "
         f"{result.get('l2_flush', 'write')} pass\n")  # files before run 36: the write
   print(summary_table(result) + "\n")
+  sizes = size_table(result)
+  if sizes:
+    print("The replay verify against one launch copying its bytes (the copy probe at its size):")
+    print(sizes + "\n")
   print(kernel_table(result))
   return 0
 
