@@ -268,8 +268,9 @@ DECODE_CASE = dataclasses.replace(CASES[0], T=1, why="a decode window: every pro
                          ids=[CASES[0].id, DECODE_CASE.id, CASES[7].id])
 def test_split_variants(c: Case, variant, interpret):
   """The split form's other ways to form its products (no product written out; only single
-  rows written out; the key products on the CUDA or on the tensor cores) against the default: the same records to the bit but the
-  window's d's, the same outputs and d's within the products' rounding."""
+  rows written out; the key products on the CUDA or on the tensor cores) against the default:
+  the same records to the bit but the window's d's, the same outputs and d's within the
+  products' rounding."""
   inp = make_inputs(c)
   valid = np.asarray(inp["slot_ids"]) >= 0
   default, other = (replay_split.replay_verify_split(

@@ -3,10 +3,10 @@
 Every ``@triton.jit`` function here computes one function of `replayssm_jax.reference`
 (`gating` = ``gdn_gating``, `load_key` and `inverse_norm` = ``l2_normalize``, `delta_rule_step`
 = ``delta_rule_step``), in an order of its own where that saves instructions (the key's norm
-applied to a row's K-sum, `FMA_MATVEC`), so within fp32 rounding of it. The recurrent kernels and the exact fold go
-through the same functions with the same launch parameters (block_v, k_chunk, num_warps),
-which is what keeps the folded checkpoint bitwise equal to the recurrent state (DESIGN section
-4).
+applied to a row's K-sum, `FMA_MATVEC`), so within fp32 rounding of it. The recurrent kernels
+and the exact fold go through the same functions with the same launch parameters (block_v,
+k_chunk, num_warps), which is what keeps the folded checkpoint bitwise equal to the recurrent
+state (DESIGN section 4).
 
 State tile layout (`state_offsets`). A program owns ``S = ssm[slot, h, j*BV:(j+1)*BV, :]``
 (``[BV, K]``, K contiguous in memory), held as a 3-D tensor of ``NC = K // KC`` chunks of
