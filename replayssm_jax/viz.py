@@ -8,7 +8,9 @@ functions that draw, so the package itself does not depend on matplotlib
   DESIGN section 3 drawn as a ring of L cells (committed history / window / free) with
   ``cache_base`` and ``write_pos`` arrows.
 - `repo_root`, `benchmark_series`, `series_styles`, `plot_bandwidth`, `plot_roofline`: a benchmark
-  results file (`replayssm_jax.bench.kernels`) against the measured copy bandwidth.
+  results file (`replayssm_jax.bench.kernels`) against the measured copy bandwidth;
+  `plot_fixed_costs`: paths' times against their bytes over batch sizes, with the fixed cost
+  a call pays besides its bytes (`bench.report.fixed_cost_fits`).
 """
 
 from __future__ import annotations
@@ -243,3 +245,37 @@ def plot_roofline(ax: Any, result: dict[str, Any]) -> None:
   ax.set_xlabel("minimal bytes moved")
   ax.set_ylabel("median time (us)")
   ax.grid(alpha=0.3, which="both")
+
+
+def plot_fixed_costs(ax: Any, result: dict[str, Any], paths: Sequence[str]) -> None:
+  """Median time against minimal bytes (linear axes) for ``paths`` (labels of
+  `bench.report.fixed_cost_fits`, batch sizes from 64), each with its fitted line drawn back to
+  zero bytes, where it meets the time axis at the path's fixed cost; and the copy line."""
+  from replayssm_jax.bench import report
+
+  fits = report.fixed_cost_fits(result)
+  missing = [p for p in paths if p not in fits]
+  if missing:
+    raise ValueError(f"no fit for {missing}: the file has none of these paths at two batch "
+                     f"sizes from 64 (fitted: {sorted(fits)}).")
+  top = 0.0
+  for i, label in enumerate(paths):
+    rows = [r for r in result["rows"] if report._label(r) == label and r["B"] >= 64]
+    gb = np.array([r["min_bytes"] for r in rows]) / 1e9
+    top = max(top, gb.max())
+    fit = fits[label]
+    ax.scatter(gb, [r["median_us"] for r in rows], color=f"C{i}", zorder=3)
+    x = np.linspace(0, gb.max() * 1.05, 20)
+    ax.plot(x, fit.fixed_us + x * 1e3 / fit.tbps, color=f"C{i}",
+            label=f"{label}: {fit.fixed_us:.1f} us + bytes at {fit.tbps:.2f} TB/s")
+    for r, g in zip(rows, gb):
+      ax.annotate(f"B={r['B']}", (g, r["median_us"]), textcoords="offset points",
+                  xytext=(4, -10), fontsize=7, color=f"C{i}")
+  x = np.linspace(0, top * 1.05, 20)
+  ax.plot(x, x * 1e3 / result["copy_tbps"], color="black", ls=":", lw=1.2,
+          label=f"copy probe rate ({result['copy_tbps']:.2f} TB/s, no fixed cost)")
+  ax.set_xlim(0, None)
+  ax.set_ylim(0, None)
+  ax.set_xlabel("minimal bytes moved (GB)")
+  ax.set_ylabel("median time (us)")
+  ax.grid(alpha=0.3)

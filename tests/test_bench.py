@@ -431,3 +431,25 @@ def test_size_table_sets_the_verify_against_a_copy_of_its_bytes():
   assert "| 64 | 54.7 | 65.5 | 45.0 | 79.6 | 1.22x |" in table
   assert "| 256 |" not in table  # no copy row at B=256
   assert report.size_table({"rows": rows[:1] + rows[2:]}) == ""
+
+
+def test_fixed_cost_fits_recover_a_line():
+  """Rows on ``time = 10 us + bytes / 4 TB/s`` at B=64, 256 and 512 give back 10 us and 4 TB/s;
+  rows below B=64 (other forms) and a path at a single batch size are left out."""
+  from replayssm_jax.bench import report
+
+  def row(kernel, B, nbytes, us):
+    return dict(kernel=kernel, B=B, L=16, wp=0, min_bytes=nbytes, median_us=us)
+
+  line = lambda nbytes: 10.0 + nbytes / 4e12 * 1e6
+  rows = [row("rssm_verify", B, B * 2.4e6, line(B * 2.4e6)) for B in (64, 256, 512)]
+  rows += [row("rssm_verify", 16, 16 * 2.4e6, 99.0), row("exact_fold", 256, 1e9, 400.0)]
+  fits = report.fixed_cost_fits({"rows": rows})
+  assert list(fits) == ["rssm_verify"]
+  fit = fits["rssm_verify"]
+  assert abs(fit.fixed_us - 10.0) < 1e-6 and abs(fit.tbps - 4.0) < 1e-6 and fit.worst_us < 1e-6
+  assert fit.batches == (64, 256, 512)
+  share = 100 * 10.0 / line(64 * 2.4e6)
+  assert f"| rssm_verify | 64, 256, 512 | 10.0 | 4.00 | {share:.0f}% | 0.0 |" in report.fit_table(
+      {"rows": rows})
+  assert report.fit_table({"rows": rows[3:]}) == ""

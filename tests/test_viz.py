@@ -46,3 +46,21 @@ def test_repo_root_from_anywhere(tmp_path, monkeypatch):
   assert viz.repo_root(ROOT / "notebooks") == ROOT
   monkeypatch.chdir(tmp_path)  # nothing above tmp_path: falls back to the package's checkout
   assert viz.repo_root() == ROOT
+
+
+def test_plot_fixed_costs_draws_each_fit_and_names_what_it_lacks():
+  """One fitted line per path and the copy line; a path without two batch sizes from 64 is
+  named in the error."""
+  import pytest
+
+  matplotlib = pytest.importorskip("matplotlib")
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  result = json.loads((ROOT / "benchmarks" / "results_h200_run28.json").read_text())
+  fig, ax = plt.subplots()
+  viz.plot_fixed_costs(ax, result, ["rssm_verify (wp=8)", "rec_decode"])
+  assert len(ax.lines) == 3 and "15.0 us" in ax.lines[0].get_label()
+  with pytest.raises(ValueError, match="rssm_decode_cycle"):
+    viz.plot_fixed_costs(ax, result, ["rssm_decode_cycle"])
+  plt.close(fig)

@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import NamedTuple
+
+import numpy as np
 
 # SGLang's Triton kernels on the same H200 (shared/research/anchor-bench.md), median us.
 ANCHOR_US = {
@@ -89,6 +92,52 @@ def size_table(result: dict) -> str:
   return "\n".join(lines)
 
 
+class Fit(NamedTuple):
+  """``time = fixed_us + bytes / rate`` over a path's batch sizes (least squares)."""
+
+  fixed_us: float  # what a call costs besides its bytes: launch, ramp, tail, latency
+  tbps: float  # the marginal rate, TB/s
+  batches: tuple[int, ...]
+  worst_us: float  # the largest distance of a row from the line
+
+
+def fixed_cost_fits(result: dict, min_batch: int = 64) -> dict[str, Fit]:
+  """A `Fit` per path (as the kernel table labels it) with rows at two or more batch sizes
+  from ``min_batch`` on: below 64 rows the replay verify and decode run other forms (the
+  one-kernel ones), whose costs follow other lines."""
+  series: dict[str, list[dict]] = {}
+  for row in result["rows"]:
+    if row["B"] >= min_batch and row.get("min_bytes"):
+      series.setdefault(_label(row), []).append(row)
+  fits = {}
+  for label, rows in series.items():
+    if len({r["B"] for r in rows}) < 2:
+      continue
+    x = np.array([r["min_bytes"] for r in rows], np.float64)
+    y = np.array([r["median_us"] for r in rows], np.float64)
+    (slope, fixed), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)
+    fits[label] = Fit(fixed_us=float(fixed), tbps=float(1e-6 / slope) if slope > 0 else np.inf,
+                      batches=tuple(sorted({r["B"] for r in rows})),
+                      worst_us=float(np.abs(y - (slope * x + fixed)).max()))
+  return fits
+
+
+def fit_table(result: dict, min_batch: int = 64) -> str:
+  """`fixed_cost_fits` as a table, with the fixed cost's share of the smallest batch's time;
+  "" when no path has two batch sizes."""
+  fits = fixed_cost_fits(result, min_batch)
+  if not fits:
+    return ""
+  by = {(_label(r), r["B"]): r["median_us"] for r in result["rows"]}
+  lines = ["| path | B | fixed us | rate TB/s | fixed share at the smallest B | worst row off by us |",
+           "|---|---|---:|---:|---:|---:|"]
+  for label, f in fits.items():
+    share = f.fixed_us / by[(label, f.batches[0])]
+    lines.append(f"| {label} | {', '.join(map(str, f.batches))} | {f.fixed_us:.1f} "
+                 f"| {f.tbps:.2f} | {100 * share:.0f}% | {f.worst_us:.1f} |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("results")
@@ -104,6 +153,11 @@ def main(argv=None) -> int:
     print("The replay verify against one launch copying its bytes (the copy probe at its size):")
     print(sizes + "\n")
   print(kernel_table(result))
+  fits = fit_table(result)
+  if fits:
+    print("\nEach path's time as fixed + bytes / rate over its batch sizes from 64 on "
+          "(least squares):")
+    print(fits)
   return 0
 
 
