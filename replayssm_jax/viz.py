@@ -247,20 +247,22 @@ def plot_roofline(ax: Any, result: dict[str, Any]) -> None:
   ax.grid(alpha=0.3, which="both")
 
 
-def plot_fixed_costs(ax: Any, result: dict[str, Any], paths: Sequence[str]) -> None:
-  """Median time against minimal bytes (linear axes) for ``paths`` (labels of
-  `bench.report.fixed_cost_fits`, batch sizes from 64), each with its fitted line drawn back to
-  zero bytes, where it meets the time axis at the path's fixed cost; and the copy line."""
+def plot_fixed_costs(ax: Any, result: dict[str, Any], paths: Sequence[str], *,
+                     min_batch: int = 64) -> None:
+  """Median time against minimal bytes (linear axes) for ``paths`` (`bench.report.path_label`
+  names) from ``min_batch`` rows on, each with its `bench.report.fixed_cost_fits` line drawn
+  back to zero bytes, where it meets the time axis at the path's fixed cost; and the copy
+  line."""
   from replayssm_jax.bench import report
 
-  fits = report.fixed_cost_fits(result)
+  fits = report.fixed_cost_fits(result, min_batch)
   missing = [p for p in paths if p not in fits]
   if missing:
     raise ValueError(f"no fit for {missing}: the file has none of these paths at two batch "
-                     f"sizes from 64 (fitted: {sorted(fits)}).")
+                     f"sizes from {min_batch} (fitted: {sorted(fits)}).")
   top = 0.0
   for i, label in enumerate(paths):
-    rows = [r for r in result["rows"] if report._label(r) == label and r["B"] >= 64]
+    rows = [r for r in result["rows"] if report.path_label(r) == label and r["B"] >= min_batch]
     gb = np.array([r["min_bytes"] for r in rows]) / 1e9
     top = max(top, gb.max())
     fit = fits[label]

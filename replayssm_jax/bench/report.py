@@ -22,7 +22,8 @@ ANCHOR_US = {
 }
 
 
-def _label(row) -> str:
+def path_label(row) -> str:
+  """A row's path as the tables name it: the kernel, with its ring length or write position."""
   if row["kernel"] in ("rssm_decode_cycle", "rssm_decode_spread"):
     return f"{row['kernel']} L={row['L']} (per step)"
   if row["wp"] > 0:
@@ -40,7 +41,7 @@ def kernel_table(result: dict) -> str:
     spread = ("-" if row.get("p20_us") is None  # rows recovered from a log: medians only
               else f"{row['p20_us']:.1f}-{row['p80_us']:.1f}")
     lines.append(
-        f"| {row['B']} | {_label(row)} | {row['median_us']:.1f} | {spread} "
+        f"| {row['B']} | {path_label(row)} | {row['median_us']:.1f} | {spread} "
         f"| {row['min_bytes'] / 1e6:.2f} | {row['tbps']:.2f} | {row['pct_copy']:.1f} "
         f"| {'' if anchor is None else f'{anchor:.1f}'} |")
   return "\n".join(lines)
@@ -108,7 +109,7 @@ def fixed_cost_fits(result: dict, min_batch: int = 64) -> dict[str, Fit]:
   series: dict[str, list[dict]] = {}
   for row in result["rows"]:
     if row["B"] >= min_batch and row.get("min_bytes"):
-      series.setdefault(_label(row), []).append(row)
+      series.setdefault(path_label(row), []).append(row)
   fits = {}
   for label, rows in series.items():
     if len({r["B"] for r in rows}) < 2:
@@ -128,9 +129,9 @@ def fit_table(result: dict, min_batch: int = 64) -> str:
   fits = fixed_cost_fits(result, min_batch)
   if not fits:
     return ""
-  by = {(_label(r), r["B"]): r["median_us"] for r in result["rows"]}
-  lines = ["| path | B | fixed us | rate TB/s | fixed share at the smallest B | worst row off by us |",
-           "|---|---|---:|---:|---:|---:|"]
+  by = {(path_label(r), r["B"]): r["median_us"] for r in result["rows"]}
+  lines = ["| path | B | fixed us | rate TB/s | fixed share at the smallest B "
+           "| worst row off by us |", "|---|---|---:|---:|---:|---:|"]
   for label, f in fits.items():
     share = f.fixed_us / by[(label, f.batches[0])]
     lines.append(f"| {label} | {', '.join(map(str, f.batches))} | {f.fixed_us:.1f} "
