@@ -158,12 +158,17 @@ def triton_backend_sm90(kernel: str) -> dict:
   """The triton backend's kernel ``kernel`` (a name of `compile_check.launches`, at its anchor
   geometry and default tunings) compiled for sm_90a, as `compile_sm90` reports it."""
   from replayssm_jax.kernels.triton import compile_check
-  from replayssm_jax.kernels.triton.launch import compile_sm90 as compile_launch
 
   launches = compile_check.launches(**compile_check.ANCHOR)
   if kernel not in launches:
     raise ValueError(f"kernel={kernel!r}; the triton backend's are {sorted(launches)}.")
-  launch = launches[kernel]
+  return _launch_report(launches[kernel])
+
+
+def _launch_report(launch) -> dict:
+  """`sass_report` of a triton backend `Launch` compiled for sm_90a."""
+  from replayssm_jax.kernels.triton.launch import compile_sm90 as compile_launch
+
   return sass_report(compile_launch(launch), launch.name, launch.num_warps)
 
 
@@ -189,9 +194,9 @@ def shipped_sass(backend: str = "pallas", only=None) -> dict[str, str]:
   found = {}
   if backend == "triton":
     from replayssm_jax.kernels.triton import compile_check
-    for name in compile_check.launches(**compile_check.ANCHOR):
+    for name, launch in compile_check.launches(**compile_check.ANCHOR).items():
       if keep(name):
-        found[f"{name}/{name}"] = triton_backend_sm90(name)["sass"]
+        found[f"{name}/{name}"] = _launch_report(launch)["sass"]
     return found
   with tempfile.TemporaryDirectory() as tmp:
     for kernel, T, B in SHIPPED:
@@ -225,7 +230,8 @@ def _shipped(args) -> int:
     changed = compare_sass(found, args.compare)
     for key in changed:
       print(f"changed: {key}")
-    print(f"{len(found) - len(changed)} of {len(found)} launches compile to the same SASS")
+    same = len(set(found) - set(changed))
+    print(f"{same} of {len(found)} launches compile to the same SASS")
     return 1 if changed else 0
   return 0
 

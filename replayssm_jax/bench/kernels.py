@@ -137,13 +137,19 @@ class Bytes:
     return (self.fold(wp) + self.rssm_verify(0, T) - self.S) if flush else self.rssm_verify(wp, T)
 
 
+def copy_pass(nbytes: int, reps: int = 20) -> Timing:
+  """The timing of one elementwise pass in place over a donated fp32 array of ``nbytes``
+  bytes: ``nbytes`` read and ``nbytes`` written in one launch."""
+  step = jax.jit(lambda x: x + 1.0, donate_argnums=0)
+  timing, _ = time_calls(step, jnp.arange(nbytes // 4, dtype=jnp.float32), reps=reps)
+  return timing
+
+
 def copy_bandwidth(gib: float = 4.0) -> tuple[float, Timing]:
   """Bytes read + written per second of an elementwise pass over a ``gib`` GiB fp32 array."""
-  n = int(gib * 2**30) // 4
-  x = jnp.arange(n, dtype=jnp.float32)
-  step = jax.jit(lambda x: x + 1.0, donate_argnums=0)
-  timing, _ = time_calls(step, x, reps=20)
-  return 2 * n * 4 / (timing.median_us * 1e-6), timing
+  nbytes = int(gib * 2**30) // 4 * 4
+  timing = copy_pass(nbytes)
+  return 2 * nbytes / (timing.median_us * 1e-6), timing
 
 
 def _inputs(rng, B, T, gdn=GEOMETRY):
@@ -281,14 +287,12 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
     t, cache = time_calls(jax.jit(replay_only, donate_argnums=0), cache, args=(slot_ids,),
                           reps=reps)
     yield "rssm_verify", 8, L, t, B * nbytes.rssm_verify(8)
-    # The verify's bytes moved by one elementwise pass over a donated fp32 buffer: the copy
-    # probe at this size, with the per-call costs (launch, ramp, tail, L2 write-back) that the
-    # 4 GiB probe spreads over 8 GiB. H200 reads of the checkpoint (tools/read_ceiling.py,
-    # runs 26-27) fit 8.6-9.1 us a call + bytes at 4.29-4.34 TB/s, over B=64 and 256.
-    half = B * nbytes.rssm_verify(8) // 8  # fp32 elements: as many bytes read as written
-    t, _ = time_calls(jax.jit(lambda y: y + 1.0, donate_argnums=0),
-                      jnp.zeros(half, jnp.float32), reps=reps)
-    yield "copy_verify_bytes", 0, 0, t, 8 * half
+    # The verify's bytes moved by the copy probe's pass, at this size: with the per-call costs
+    # (launch, ramp, tail, L2 write-back) that the 4 GiB probe spreads over 8 GiB. H200 reads
+    # of the checkpoint (tools/read_ceiling.py, runs 26-27) fit 8.6-9.1 us a call + bytes at
+    # 4.29-4.34 TB/s, over B=64 and 256.
+    half = B * nbytes.rssm_verify(8) // 8 * 4  # as many bytes read as written
+    yield "copy_verify_bytes", 0, 0, copy_pass(half, reps), 2 * half
     t, cache = time_calls(jax.jit(fold_only, donate_argnums=0), cache,
                           args=(slot_ids, jnp.full((B,), wp_fold, jnp.int32)), reps=reps)
     yield "exact_fold", wp_fold, L, t, B * nbytes.fold(wp_fold)

@@ -80,7 +80,8 @@ def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
   """
   from replayssm_jax.kernels.triton.replay_verify import replay_form  # needs triton
 
-  if replay_form(T, B) == "split":
+  form = replay_form(T, B)
+  if form == "split":
     return KernelTuning(block_v=min(64, V), num_warps=2, k_chunk=64, num_stages=2)
   return KernelTuning(block_v=min(128, V), num_warps=4,
-                      k_chunk=VEC_K_CHUNK if replay_form(T, B) == "vec" else 32)
+                      k_chunk=VEC_K_CHUNK if form == "vec" else 32)
