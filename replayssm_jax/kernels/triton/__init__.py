@@ -57,12 +57,13 @@ def state_tuning(V: int) -> KernelTuning:
   return KernelTuning(block_v=min(16, V), num_warps=1, k_chunk=16)
 
 
-# The vector form's K-chunk (decode below `replay_verify.SPLIT_MIN_BATCH`), 32 since run 5 (at
-# B=256). Its ``[BV, KC]`` accumulators set its registers (triton 3.6, sm_90 compile): 32 ->
-# 158 registers, 3 four-warp programs an SM, so B=16's 512 programs (row, value head) take
-# 1.29 waves; 16 -> 110 registers, 4 an SM, one wave, for 14% more instructions a program.
-# Untimed (benchmarks/NOTES.md run 36), so 32 until it is.
-VEC_K_CHUNK = 32
+# The vector form's K-chunk (decode below `replay_verify.SPLIT_MIN_BATCH`). Its ``[BV, KC]``
+# accumulators set its registers (triton 3.6, sm_90 compile): 32 -> 158 registers, 3 four-warp
+# programs an SM, so B=16's 512 programs (row, value head) take 1.29 waves; 16 -> 110
+# registers, 4 an SM, one wave, for 14% more instructions a program. H200, L=16 decode over a
+# ring cycle (benchmarks/NOTES.md run 36, two rounds): B=16 20.3 -> 15.4 us a step at 16, B=8
+# and B=32 even (11.1 / 11.2, 40.1 / 39.5). 32 from run 5 to run 35.
+VEC_K_CHUNK = 16
 
 
 def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:

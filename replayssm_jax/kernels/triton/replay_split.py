@@ -75,7 +75,7 @@ INLINE_PRODUCT_WIDE = 4096
 # kernel at B=256 47.0 -> 32.0 us, B=64 13.8 -> 12.8.
 KEY_MMA_MIN_ROWS = 2
 # Two knobs of the coefficients kernel for windows of KEY_MMA_MIN_ROWS to SMALL_WINDOW_ROWS
-# rows, untimed (benchmarks/NOTES.md run 36; sm_90 compiles only, so both off):
+# rows, both on since run 36 (wider windows and fp32 activations take the other side):
 # - WINDOW_MMA (bf16 activations): the window's own products ``q_hat k_hat^T`` and
 #   ``k_hat k_hat^T`` from one more tensor-core dot of the raw stacked window, ``X X^T``
 #   (``[XP, XP]``), whose bf16 products are exact and summed in fp32 (not tf32: the UT solve
@@ -85,11 +85,13 @@ KEY_MMA_MIN_ROWS = 2
 #   hold registers side by side.
 # Triton 3.6 at T=4: 149 registers (13 one-warp programs an SM: B=256's 4096 programs in 2.4
 # waves), 128 with the loop, 91 with both (21 an SM); executed SASS 2760 -> 2650 -> 2423.
+# H200, T=4, the whole verify (benchmarks/NOTES.md run 36, two rounds in both orders): B=256
+# 191.2 -> 184.9 (loop) -> 183.0 us (both), B=64 60.0 -> 59.5 -> 58.6, B=16 26.2 -> 25.4 -> 25.0.
 # Wider windows spill with the dot (the ``[TQ, XP, XP]`` pick: ~900 bytes at T=16; 4 bytes at
 # T=8 under triton 3.9).
 SMALL_WINDOW_ROWS = 4
-WINDOW_MMA = False
-HEADS_LOOP = False
+WINDOW_MMA = True
+HEADS_LOOP = True
 # The stream epilogue's products with its [T, T] coefficients and eq (P v, Dy Y, Eq Y, M D),
 # padded to 16-row tiles: "ieee" lowers them to CUDA-core FMA loops, 1024 a thread, about 44% of
 # the stream's instructions; "tf32x3" runs each as three tf32 MMAs (fp32-level error, after the
