@@ -17,7 +17,7 @@ GPU; the schedule, and so the speed, needs the GPU.
     PYTHONPATH=$PWD python tools/pallas_sass.py replay_verify --T 4 --batch 256 --sass /tmp/sass
     PYTHONPATH=$PWD python tools/pallas_sass.py --backend triton exact_fold_L16
     PYTHONPATH=$PWD python tools/pallas_sass.py --backend triton replay_split_coefficients_T4 \
-        --set kernels.triton.replay_split.HEADS_LOOP=True
+        --set kernels.triton.replay_split.HEADS_LOOP=False
     PYTHONPATH=$PWD python tools/pallas_sass.py shipped --save /tmp/before
     # ... a refactor ...
     PYTHONPATH=$PWD python tools/pallas_sass.py shipped --compare /tmp/before
@@ -279,7 +279,7 @@ def main(argv=None) -> int:
   p.add_argument("--set", type=bench._knob, action="append", default=[],
                  metavar="MODULE.NAME=VALUE",
                  help="set a knob of replayssm_jax.MODULE first (repeatable), as "
-                      "bench.kernels --set, e.g. kernels.triton.replay_split.HEADS_LOOP=True")
+                      "bench.kernels --set, e.g. kernels.triton.replay_split.HEADS_LOOP=False")
   args = p.parse_args(argv)
   for module, name, value in args.set:  # a tool's own process: nothing to restore
     setattr(module, name, value)

@@ -449,7 +449,7 @@ def main(argv=None) -> int:
                       "(bench.timing.L2_FLUSH)")
   p.add_argument("--set", type=_knob, action="append", default=[], metavar="MODULE.NAME=VALUE",
                  help="set a knob of replayssm_jax.MODULE for the run (repeatable), e.g. "
-                      "kernels.triton.replay_split.HEADS_LOOP=True")
+                      "kernels.triton.replay_split.HEADS_LOOP=False")
   args = p.parse_args(argv)
   fuse_fold_below = (dict(ssm.FUSE_FOLD_BELOW) if args.stream_fold is None
                      else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
