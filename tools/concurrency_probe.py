@@ -11,6 +11,8 @@ H200, jax 0.11.2 (benchmarks/NOTES.md run 30): the kernels overlap under
 ``--xla_gpu_command_buffer_scheduling_mode=CONCURRENT --xla_gpu_graph_min_graph_size=1``, but
 the pair's span at B=64 stays 49.1 us against the loop's 41.9 alone: the loop's programs fill
 every SM, and the coefficients kernel, stretched from 8.4 to 21 us, finishes in their gaps.
+That was under the write flush, whose dirty lines' write-back fills the DRAM the coefficients
+kernel leaves idle (NOTES run 36); ``--l2-flush read`` times the pair under clean L2.
 
 Usage (GPU): ``python tools/concurrency_probe.py --batch 64 256 --out probe.json``.
 """
@@ -29,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replayssm_jax.bench import kernels as bk
+from replayssm_jax.bench import timing
 from replayssm_jax.bench.timing import _device_events, time_calls
 from replayssm_jax.config import SpecConfig
 from replayssm_jax.kernels import replay_split
@@ -44,10 +47,13 @@ def main(argv=None) -> int:
   p.add_argument("--batch", type=int, nargs="+", default=[64, 256])
   p.add_argument("--reps", type=int, default=20)
   p.add_argument("--out", default="probe.json")
+  p.add_argument("--l2-flush", choices=timing.L2_FLUSHES, default=timing.L2_FLUSH,
+                 help="how the pass before each timed call leaves L2 (bench.timing.L2_FLUSH)")
   args = p.parse_args(argv)
+  timing.L2_FLUSH = args.l2_flush
   g, T, L = bk.GEOMETRY, 4, 16
   spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm")
-  rows = [dict(xla_flags=os.environ.get("XLA_FLAGS", ""))]
+  rows = [dict(xla_flags=os.environ.get("XLA_FLAGS", ""), l2_flush=args.l2_flush)]
   for B in args.batch:
     rng = np.random.default_rng(B)
     x = bk._inputs(rng, B, T)
