@@ -61,8 +61,8 @@ def state_tuning(V: int) -> KernelTuning:
 # accumulators set its registers (triton 3.6, sm_90 compile): 32 -> 158 registers, 3 four-warp
 # programs an SM, so B=16's 512 programs (row, value head) take 1.29 waves; 16 -> 110
 # registers, 4 an SM, one wave, for 14% more instructions a program. H200, L=16 decode over a
-# ring cycle (benchmarks/NOTES.md run 36, two rounds): B=16 20.3 -> 15.4 us a step at 16, B=8
-# and B=32 even (11.1 / 11.2, 40.1 / 39.5). 32 from run 5 to run 35.
+# ring cycle (benchmarks/NOTES.md run 36, two rounds), K-chunks of 32 -> 16: B=16 20.3 -> 15.4
+# us a step, B=8 and B=32 even (11.1 -> 11.2, 40.1 -> 39.5). 32 from run 5 to run 35.
 VEC_K_CHUNK = 16
 
 
