@@ -372,7 +372,7 @@ def _knob(text: str) -> tuple[object, str, object]:
   module_name, _, name = target.rpartition(".")
   if not sep or not module_name or not name:
     raise argparse.ArgumentTypeError(f"{text!r}: expected MODULE.NAME=VALUE, e.g. "
-                                     "kernels.triton.replay_split.WINDOW_MMA=True")
+                                     "kernels.triton.replay_split.WINDOW_MMA=False")
   try:
     module = importlib.import_module(f"replayssm_jax.{module_name}")
   except ImportError as e:
