@@ -31,6 +31,7 @@ def test_bench_smoke(tmp_path):
   assert abs(rows["copy_verify_bytes"]["min_bytes"] - rows["rssm_verify"]["min_bytes"]) <= 8
   for row in result["rows"]:
     assert row["median_us"] > 0 and row["min_bytes"] > 0 and row["wall_us"] > 0
+    assert row["span_us"] is None  # the CPU's host clock has no device span
   assert {"date", "device", "jax", "copy_tbps"} <= result.keys()
 
 
@@ -238,6 +239,21 @@ def test_kernel_table_shows_rows_without_quantiles():
   assert "| 512 | rssm_step_mixed | 881.4 | - |" in table
   assert "| 256 | rssm_step_mixed | 881.4 | 456.2-458.2 |" in table
   assert table.index("| 256 |") < table.index("| 512 |")  # by B, whatever the file's order
+  assert "span" not in table  # files from before run 37 keep their columns
+
+
+def test_kernel_table_shows_the_span_where_recorded():
+  """A row's device span (first kernel's start to last kernel's end) gets a column when any
+  row has one; rows without it (the CPU's host clock) say so."""
+  from replayssm_jax.bench import report
+
+  row = dict(kernel="rssm_step_mixed", B=256, L=16, wp=-1, median_us=328.7, p20_us=328.1,
+             p80_us=329.5, min_bytes=7.9e8, tbps=2.4, pct_copy=56.6, span_us=341.2)
+  table = report.kernel_table({"rows": [row, dict(row, B=64, span_us=None)]})
+  assert table.splitlines()[0].endswith("| span us |")
+  assert "| 256 | rssm_step_mixed | 328.7 | 328.1-329.5 |" in table
+  assert table.splitlines()[-1].endswith("| 341.2 |")
+  assert table.splitlines()[-2].endswith("| - |")
 
 
 def test_kernels_for_names_each_backend():

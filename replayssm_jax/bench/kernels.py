@@ -27,6 +27,7 @@ import datetime
 import functools
 import importlib
 import json
+import math
 import platform
 import sys
 import time
@@ -521,10 +522,15 @@ def main(argv=None) -> int:
                          p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2), reps=t.reps,
                          method=t.method, min_bytes=int(model), tbps=round(tbps, 3),
                          pct_copy=round(100 * tbps * 1e12 / bw, 1), kernels=list(t.kernels),
-                         kernel_us=t.by_kernel(), wall_us=round(t.wall_us, 1)))
+                         kernel_us=t.by_kernel(), wall_us=round(t.wall_us, 1),
+                         # first start to last end: a host round trip inside the call (a
+                         # conditional's predicate copied to the host) shows here, not in the sum
+                         span_us=None if math.isnan(t.span_us) else round(t.span_us, 1)))
         r = rows[-1]
+        span = "" if r["span_us"] is None else f"span {r['span_us']:.1f} us, "
         print(f"B={B:4d} {name:18s} wp={wp:3d} L={L:3d} {r['median_us']:10.1f} us "
-              f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%  (wall {r['wall_us']:.1f} us)", flush=True)
+              f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%  ({span}wall {r['wall_us']:.1f} us)",
+              flush=True)
         save()  # after every row: a run cut short keeps what it measured
   finally:
     for (module, name), value in defaults.items():

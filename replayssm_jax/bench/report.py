@@ -33,17 +33,23 @@ def path_label(row) -> str:
 
 def kernel_table(result: dict) -> str:
   """One row per (path, B), by B (a file may hold batch sizes of several calls in any order):
-  median, p20-p80, minimal bytes, TB/s, % of copy, anchor."""
-  lines = ["| B | path | median us | p20-p80 us | min MB | TB/s | % copy | SGLang anchor us |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|"]
+  median, p20-p80, minimal bytes, TB/s, % of copy, anchor; and the device span of a call
+  where the file has it (from run 37): the median is its kernels' summed time, so a span
+  well above it is a call that left the GPU idle between kernels."""
+  spans = any(row.get("span_us") is not None for row in result["rows"])
+  lines = ["| B | path | median us | p20-p80 us | min MB | TB/s | % copy | SGLang anchor us |"
+           + (" span us |" if spans else ""),
+           "|---:|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if spans else "")]
   for row in sorted(result["rows"], key=lambda r: r["B"]):  # stable: paths keep their order
     anchor = ANCHOR_US.get(row["kernel"], {}).get(row["B"])
     spread = ("-" if row.get("p20_us") is None  # rows recovered from a log: medians only
               else f"{row['p20_us']:.1f}-{row['p80_us']:.1f}")
+    span = row.get("span_us")
     lines.append(
         f"| {row['B']} | {path_label(row)} | {row['median_us']:.1f} | {spread} "
         f"| {row['min_bytes'] / 1e6:.2f} | {row['tbps']:.2f} | {row['pct_copy']:.1f} "
-        f"| {'' if anchor is None else f'{anchor:.1f}'} |")
+        f"| {'' if anchor is None else f'{anchor:.1f}'} |"
+        + ((" - |" if span is None else f" {span:.1f} |") if spans else ""))
   return "\n".join(lines)
 
 
