@@ -47,8 +47,7 @@ def main(argv=None) -> int:
   p.add_argument("--batch", type=int, nargs="+", default=[64, 256])
   p.add_argument("--reps", type=int, default=20)
   p.add_argument("--out", default="probe.json")
-  p.add_argument("--l2-flush", choices=timing.L2_FLUSHES, default=timing.L2_FLUSH,
-                 help="how the pass before each timed call leaves L2 (bench.timing.L2_FLUSH)")
+  timing.add_l2_flush_option(p)
   args = p.parse_args(argv)
   timing.L2_FLUSH = args.l2_flush
   g, T, L = bk.GEOMETRY, 4, 16

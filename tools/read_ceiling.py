@@ -169,8 +169,7 @@ def main(argv=None) -> int:
   p.add_argument("--batch", type=int, nargs="+", default=[256, 64])
   p.add_argument("--reps", type=int, default=20)
   p.add_argument("--out", default="read_ceiling.json")
-  p.add_argument("--l2-flush", choices=timing.L2_FLUSHES, default=timing.L2_FLUSH,
-                 help="how the pass before each timed call leaves L2 (bench.timing.L2_FLUSH)")
+  timing.add_l2_flush_option(p)
   args = p.parse_args(argv)
   timing.L2_FLUSH = args.l2_flush
   g = GEOMETRY

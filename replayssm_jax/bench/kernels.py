@@ -444,10 +444,7 @@ def main(argv=None) -> int:
                  default=replay_split.STREAM_EARLY,
                  help="what of the split verify stream's epilogue comes before its K-loop "
                       "(kernels.replay_split.STREAM_EARLY)")
-  p.add_argument("--l2-flush", choices=bench_timing.L2_FLUSHES, default=bench_timing.L2_FLUSH,
-                 help="how the 256 MiB pass before each timed call leaves L2: dirty lines "
-                      "('write', as do_bench), clean lines ('read') or no pass ('none') "
-                      "(bench.timing.L2_FLUSH)")
+  bench_timing.add_l2_flush_option(p)
   p.add_argument("--set", type=_knob, action="append", default=[], metavar="MODULE.NAME=VALUE",
                  help="set a knob of replayssm_jax.MODULE for the run (repeatable), e.g. "
                       "kernels.triton.replay_split.HEADS_LOOP=False")

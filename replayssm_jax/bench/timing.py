@@ -88,6 +88,15 @@ L2_FLUSHES = ("write", "read", "none")
 L2_FLUSH = "write"  # the default of `time_calls`; `bench.kernels --l2-flush` sets it
 
 
+def add_l2_flush_option(parser) -> None:
+  """``--l2-flush`` (one of `L2_FLUSHES`, default `L2_FLUSH`) on an argparse parser: the
+  option of `bench.kernels` and of the probes in ``tools/``."""
+  parser.add_argument("--l2-flush", choices=L2_FLUSHES, default=L2_FLUSH,
+                      help="how the 256 MiB pass before each timed call leaves L2: dirty lines "
+                           "('write', as do_bench), clean lines ('read') or no pass ('none') "
+                           "(bench.timing.L2_FLUSH)")
+
+
 def _l2_flusher(nbytes: int, mode: str = "write"):
   """A jitted pass over ``nbytes`` that evicts L2 between timed calls (``mode`` as in
   `L2_FLUSHES`; each call returns what its pass wrote) and its number of device events per
