@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -51,36 +52,74 @@ def test_time_calls_threads_state_and_passes_args():
 
 
 def test_device_timing_sums_kernels_and_spans_each_call():
-  """`timing._device_timing` drops each call's L2-flush kernel, sums the call's kernels, and
-  spans first start to last end: above the sum across a launch gap, below it where two
+  """`timing._device_timing` drops the L2 flush's kernels by name, sums each call's kernels,
+  and spans first start to last end: above the sum across a launch gap, below it where two
   kernels overlap (another stream, or a concurrent command buffer)."""
-  us = 1000  # ns
-  serial = [(0, 5 * us, "flush"), (10 * us, 4 * us, "a"), (16 * us, 6 * us, "b")]  # 2 us gap
-  overlapped = [(100 * us, 5 * us, "flush"), (110 * us, 4 * us, "a"), (111 * us, 6 * us, "b")]
-  t = timing._device_timing(serial + overlapped, 2, 1, [50.0, 70.0])
+  us, flush = 1000, "l2_flush_write"  # ns; the flush kernel's name
+  serial = [(0, 5 * us, flush), (10 * us, 4 * us, "a"), (16 * us, 6 * us, "b")]  # 2 us gap
+  overlapped = [(100 * us, 5 * us, flush), (110 * us, 4 * us, "a"), (111 * us, 6 * us, "b")]
+  t = timing._device_timing(serial + overlapped, 2, [50.0, 70.0], flushed=True)
   assert t.method == "device-events" and t.kernels == ("a", "b")
   assert t.median_us == 10.0 and t.kernel_us == (4.0, 6.0) and t.wall_us == 60.0
   assert t.span_us == (12.0 + 7.0) / 2  # the median of a gapped 12 and an overlapped 7
-  assert timing._device_timing(serial[:2], 2, 1, []) is None  # no kernel of the call
-  assert timing._device_timing(serial, 2, 1, []) is None  # three kernels for two calls
+  assert timing._device_timing(serial[:1], 1, []) is None  # no kernel of the call
+  assert timing._device_timing(serial + [(30 * us, 1 * us, "c")], 2, []) is None  # 3 for 2 calls
+
+
+def test_device_timing_drops_flushes_between_steps():
+  """A call of two steps with a flush between them (`timing.flush_between_steps`): the flush
+  is dropped from the sum and the call has no span (the flush and the host gap are inside
+  it); a flushed timing whose trace lacks the flush's kernels is refused, not mis-summed."""
+  us = 1000
+  call = lambda t0: [(t0, 5 * us, "l2_flush_read"), (t0 + 10 * us, 4 * us, "step"),
+                     (t0 + 20 * us, 5 * us, "l2_flush_read"), (t0 + 40 * us, 3 * us, "step")]
+  t = timing._device_timing(call(0) + call(100 * us), 2, [80.0, 90.0], flushed=True)
+  assert t.kernels == ("step", "step") and t.median_us == 7.0 and np.isnan(t.span_us)
+  renamed = [(t0, d, "loop_add_fusion" if n.startswith("l2_flush") else n)
+             for t0, d, n in call(0) + call(100 * us)]
+  with pytest.raises(RuntimeError, match="0 kernels named l2_flush"):
+    timing._device_timing(renamed, 2, [], flushed=True)
 
 
 @pytest.mark.parametrize("mode", ["write", "read"])
 def test_l2_flusher_passes_over_its_buffer(mode):
-  """`timing._l2_flusher` runs one jitted pass a call: "write" rewrites its buffer in place
-  (do_bench's dirty L2), "read" only reduces it (a clean L2); "none" and zero bytes give no
-  pass, and an unknown mode is refused by name."""
-  flush, events = timing._l2_flusher(1 << 16, mode)
-  assert events >= 0
-  out = np.asarray(flush())  # the fifth pass: one warm-up, three counting the device events
+  """`timing._l2_flusher`'s pass is one Pallas kernel a call: "write" adds 1 to its buffer
+  in place (do_bench's dirty L2), "read" only sums its rows (a clean L2); "none" and zero
+  bytes give no pass, and an unknown mode is refused by name."""
+  nbytes = 3 * 32 * 1024 + 100  # three 32 KB tiles of 8 rows, the rest rounded off
+  timing._l2_flusher.cache_clear()  # a fresh buffer
+  flush = timing._l2_flusher(nbytes, mode)
+  assert timing._l2_flusher(nbytes, mode) is flush  # one buffer per size and mode
+  out = np.asarray(flush())  # the second pass: one ran when it was made
   if mode == "write":
-    np.testing.assert_array_equal(out, np.full(1 << 14, 5.0, np.float32))
+    np.testing.assert_array_equal(out, np.full((24, 1024), 2.0, np.float32))
   else:
-    np.testing.assert_array_equal(out, np.zeros(2, np.float32))  # two rows of 8192 zeros
-  assert timing._l2_flusher(1 << 16, "none") == (None, 0)
-  assert timing._l2_flusher(0, mode) == (None, 0)
+    np.testing.assert_array_equal(out, np.zeros(24, np.float32))  # row sums of zeros
+  assert timing._l2_flusher(nbytes, "none") is None
+  assert timing._l2_flusher(0, mode) is None
   with pytest.raises(ValueError, match="'dirty'.*'write', 'read', 'none'"):
-    timing._l2_flusher(1 << 16, "dirty")
+    timing._l2_flusher(nbytes, "dirty")
+
+
+def test_steps_restoring_runs_each_step_and_restores_the_cursors(monkeypatch):
+  """`kernels._steps_restoring`: each step with its own arguments, in order, a flush between
+  two steps (none before the first: `time_calls` flushes before the call), the first step's
+  cursors back at the end, and the cache donated."""
+  flushes = []
+  monkeypatch.setattr(timing, "flush_between_steps", lambda: flushes.append(None))
+  spec = SpecConfig(draft_tokens=1, ring_len=4, verify_mode="replayssm")
+  cache = dataclasses.replace(ssm.init(kernels.TINY, spec, 2),
+                              write_pos=jnp.asarray([1, 2], jnp.int32))
+
+  def step(c, add):  # order-sensitive: 0 -> 1 -> 4 -> 11 -> 26
+    return dataclasses.replace(c, ssm=2 * c.ssm + add, write_pos=c.write_pos + 1)
+
+  run = kernels._steps_restoring(step, [(1.0,), (2.0,), (3.0,), (4.0,)], kernels._cursors)
+  before = cache.ssm
+  out = run(cache)
+  assert len(flushes) == 3 and before.is_deleted()
+  np.testing.assert_array_equal(np.asarray(out.write_pos), [1, 2])
+  np.testing.assert_array_equal(np.asarray(out.ssm), np.full(out.ssm.shape, 26.0, np.float32))
 
 
 @pytest.mark.parametrize("argv, message", [

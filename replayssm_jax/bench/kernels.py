@@ -16,6 +16,10 @@ Paths (per layer; ``wp`` = write_pos of the rows; ``--paths`` times some groups 
   rssm_traffic                                verify + commit steps, rows out of phase, random acceptance
   rssm_decode_cycle(L), rec_decode            ReplaySSM decode amortised over a whole ring cycle
   rssm_decode_spread(L)                       the same cycle with the rows out of phase
+
+Every call starts with L2 evicted (``--l2-flush``); a call of several steps (traffic, decode)
+evicts it between its steps too (``--l2-flush-steps``), so a small batch's state is not read
+from L2 in the steps after the first (until run 36 it was: B=16's 32 MiB of checkpoints).
 """
 
 from __future__ import annotations
@@ -188,6 +192,36 @@ def _restoring(step, cursors_of):
   return jax.jit(run, donate_argnums=0)
 
 
+def _steps_restoring(step, step_args, cursors_of):
+  """``cache = step(cache, *args)`` for each ``args`` of ``step_args``, a jitted call each
+  (the cache donated) with L2 evicted between them (`timing.flush_between_steps`), then the
+  cursors restored: one call of several steps of a layer, as a server makes them, with the
+  other layers' L2 traffic in between. The first step hands the cursors it was given to the
+  last, which returns them in place of its own. JAX pairs a donated input with the first
+  output of its shape, in order, so the cursors go first among the first step's outputs and
+  the last step's inputs: each buffer comes back as itself, without a copy."""
+  if len(step_args) == 1:
+    return _restoring(lambda c: step(c, *step_args[0]), cursors_of)
+  def saved_of(c):  # a tuple in the cache's field order (a dict would flatten sorted)
+    return tuple(cursors_of(c).values())
+
+  def restored(c, saved):
+    return dataclasses.replace(c, **dict(zip(cursors_of(c), saved)))
+
+  first = jax.jit(lambda c, *a: (saved_of(c), step(c, *a)), donate_argnums=0)
+  middle = jax.jit(step, donate_argnums=0)
+  last = jax.jit(lambda saved, c, *a: restored(step(c, *a), saved), donate_argnums=(0, 1))
+
+  def run(cache):
+    saved, cache = first(cache, *step_args[0])
+    for args in step_args[1:-1]:
+      bench_timing.flush_between_steps()
+      cache = middle(cache, *args)
+    bench_timing.flush_between_steps()
+    return last(saved, cache, *step_args[-1])
+  return run
+
+
 def _cursors(cache: ReplayCache):
   return dict(write_pos=cache.write_pos, cache_base=cache.cache_base, is_flush=cache.is_flush)
 
@@ -318,14 +352,12 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
     c = _replay_cache(rng, gdn, spec, B, *traffic_start(rng, B, T, L))
     accepted = rng.integers(1, T + 1, (TRAFFIC_STEPS, B)).astype(np.int32)
 
-    def traffic(c):
-      for acc in accepted:
-        c = ssm.commit(ssm.verify(c, *_window(x), slot_ids, spec)[1], slot_ids, jnp.asarray(acc),
-                       spec)
-      return c
+    def traffic_step(c, acc):
+      return ssm.commit(ssm.verify(c, *_window(x), slot_ids, spec)[1], slot_ids, acc, spec)
 
     model = sum(nbytes.rssm_step(w, f) for w, f in traffic_phases(c, accepted, spec))
-    t, _ = time_calls(_restoring(traffic, _cursors), c, reps=max(5, reps // 3))
+    traffic = _steps_restoring(traffic_step, [(jnp.asarray(acc),) for acc in accepted], _cursors)
+    t, _ = time_calls(traffic, c, reps=max(5, reps // 3))
     yield "rssm_traffic", -1, L, t.per_call(TRAFFIC_STEPS), model / TRAFFIC_STEPS
   del cache
 
@@ -336,10 +368,9 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
                          fold_together=fold_together_records(fold_together, L_dec))
       steps = L_dec - 1
 
-      def cycle(c, dspec=dspec, steps=steps):
-        for _ in range(steps):
-          c = ssm.decode(c, *_window(x1), slot_ids, dspec)[1]
-        return c
+      cycle = _steps_restoring(
+          lambda c, dspec=dspec: ssm.decode(c, *_window(x1), slot_ids, dspec)[1], [()] * steps,
+          _cursors)
 
       # In phase: every row at the start of its cycle, a full history waiting to be folded, so
       # one call = fold + L-1 decodes. Spread: row r starts (r mod L-1) steps into its cycle, so
@@ -352,7 +383,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
                    + sum(nbytes.rssm_verify(w, 1) for w in range(steps)))
       for name, start in starts.items():
         c = _replay_cache(rng, gdn, dspec, B, *start)
-        t, _ = time_calls(_restoring(cycle, _cursors), c, reps=max(5, reps // 3))
+        t, _ = time_calls(cycle, c, reps=max(5, reps // 3))
         yield name, -1, L_dec, t.per_call(steps), model / steps
 
 
@@ -445,6 +476,11 @@ def main(argv=None) -> int:
                  help="what of the split verify stream's epilogue comes before its K-loop "
                       "(kernels.replay_split.STREAM_EARLY)")
   bench_timing.add_l2_flush_option(p)
+  p.add_argument("--l2-flush-steps", action=argparse.BooleanOptionalAction,
+                 default=bench_timing.FLUSH_BETWEEN_STEPS,
+                 help="the same pass between the steps of a call of several (traffic, decode), "
+                      "as the other layers of a model evict L2 between two steps of one "
+                      "(bench.timing.FLUSH_BETWEEN_STEPS)")
   p.add_argument("--set", type=_knob, action="append", default=[], metavar="MODULE.NAME=VALUE",
                  help="set a knob of replayssm_jax.MODULE for the run (repeatable), e.g. "
                       "kernels.triton.replay_split.HEADS_LOOP=False")
@@ -473,6 +509,7 @@ def main(argv=None) -> int:
                 fold_prefetch_tile_ahead=args.fold_prefetch_tile_ahead,
                 stream_fold_prefetch_records_to=args.stream_fold_prefetch_records_to,
                 stream_early=args.stream_early, l2_flush=args.l2_flush,
+                l2_flush_steps=args.l2_flush_steps,
                 set={f"{module.__name__}.{name}": repr(value) for module, name, value in args.set},
                 rows=rows)
 
@@ -492,6 +529,7 @@ def main(argv=None) -> int:
                args.stream_fold_prefetch_records_to,
            (replay_split, "STREAM_EARLY"): args.stream_early,
            (bench_timing, "L2_FLUSH"): args.l2_flush,
+           (bench_timing, "FLUSH_BETWEEN_STEPS"): args.l2_flush_steps,
            **{(module, name): value for module, name, value in args.set}}
   if args.backend == "triton":
     # By sys.modules: the package's attribute of this name is the function, not the module.

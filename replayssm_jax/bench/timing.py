@@ -5,14 +5,17 @@ device kernels of the trace are grouped per call (every call launches the same
 kernels in the same order) and summed, so launch gaps and host work are not
 counted. On a GPU a 256 MiB pass runs before every call (untimed), so each call
 starts with a cold L2 (`L2_FLUSHES`): by default a write, as in the anchor's
-`triton.testing.do_bench`. Where the profiler yields no device events (a CPU, or a profiler
-failure) the timing falls back to the host clock around ``block_until_ready``,
-and the result says so.
+`triton.testing.do_bench`. A call of several steps runs the same pass between them
+(`flush_between_steps`). The pass is a Pallas kernel of its own name (`L2_FLUSH_KERNEL`), which
+the timing drops wherever it runs. Where the profiler yields no device events (a CPU, or a
+profiler failure) the timing falls back to the host clock around ``block_until_ready``, and
+the result says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import tempfile
 import time
@@ -21,6 +24,10 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from replayssm_jax.kernels.backend import interpret_mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +41,8 @@ class Timing:
   kernel_us: tuple[float, ...] = ()  # the median device time of each of them
   wall_us: float = float("nan")  # median host clock of a call to its result (dispatch included)
   # Median device span of a call: its first kernel's start to its last kernel's end. Above the
-  # summed time by the launch gaps; below it where kernels run concurrently.
+  # summed time by the launch gaps; below it where kernels run concurrently. NaN for a call
+  # of several steps with L2 flushed between them (the flushes and host gaps are inside it).
   span_us: float = float("nan")
 
   def per_call(self, n: int) -> "Timing":
@@ -86,6 +94,9 @@ def _device_events(trace_dir: str) -> list[tuple[float, float, str]]:
 # * "none": no pass (warm L2 where the call's data fits).
 L2_FLUSHES = ("write", "read", "none")
 L2_FLUSH = "write"  # the default of `time_calls`; `bench.kernels --l2-flush` sets it
+# Whether `flush_between_steps` flushes (`bench.kernels --no-l2-flush-steps` keeps L2 warm from
+# one step of a call to the next, as runs 1-36 measured the calls of several steps).
+FLUSH_BETWEEN_STEPS = True
 
 
 def add_l2_flush_option(parser) -> None:
@@ -97,37 +108,76 @@ def add_l2_flush_option(parser) -> None:
                            "(bench.timing.L2_FLUSH)")
 
 
-def _l2_flusher(nbytes: int, mode: str = "write"):
-  """A jitted pass over ``nbytes`` that evicts L2 between timed calls (``mode`` as in
-  `L2_FLUSHES`; each call returns what its pass wrote) and its number of device events per
-  call (0 when no flush is wanted)."""
+# The flush's kernels are named L2_FLUSH_KERNEL + "_" + mode; `_device_timing` drops them by name.
+L2_FLUSH_KERNEL = "l2_flush"
+_FLUSH_TILE = (8, 1024)  # fp32: 32 KB a program
+
+
+def _flush_pass(mode: str):
+  """One pass over a ``[rows, 1024]`` fp32 buffer, jitted: ``+ 1`` in place ("write") or its
+  row sums ("read"), as a Pallas kernel named ``l2_flush_<mode>``. XLA's own kernels for the
+  same passes have generic names ("loop_add_fusion"), which a timed call may share."""
+  def write(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1.0
+
+  def read(x_ref, o_ref):
+    o_ref[...] = jnp.sum(x_ref[...], axis=1)
+
+  def run(buf):
+    rows = buf.shape[0]
+    tile = pl.BlockSpec(_FLUSH_TILE, lambda i: (i, 0))
+    return pl.pallas_call(
+        write if mode == "write" else read,
+        out_shape=jax.ShapeDtypeStruct(buf.shape if mode == "write" else (rows,), jnp.float32),
+        grid=(rows // _FLUSH_TILE[0],), in_specs=[tile],
+        out_specs=tile if mode == "write" else pl.BlockSpec(_FLUSH_TILE[:1], lambda i: (i,)),
+        input_output_aliases={0: 0} if mode == "write" else {}, interpret=interpret_mode(),
+        compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
+        name=f"{L2_FLUSH_KERNEL}_{mode}")(buf)
+
+  return jax.jit(run, donate_argnums=0 if mode == "write" else ())
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_flusher(nbytes: int, mode: str = "write") -> Callable | None:
+  """A callable that runs one pass over ``nbytes`` (rounded down to 32 KB, at least that) to
+  evict L2 (``mode`` as in `L2_FLUSHES`) and returns what the pass wrote; None when no flush
+  is wanted. One buffer per (nbytes, mode), shared by every timing that asks for it."""
   if mode not in L2_FLUSHES:
     raise ValueError(f"l2_flush={mode!r}: expected one of {L2_FLUSHES}.")
   if nbytes <= 0 or mode == "none":
-    return None, 0
-  state = {"buf": jnp.zeros((nbytes // 4,), jnp.float32)}
-  if mode == "write":
-    write = jax.jit(lambda b: b + 1.0, donate_argnums=0)
+    return None
+  rows = max(1, nbytes // (4 * _FLUSH_TILE[0] * _FLUSH_TILE[1])) * _FLUSH_TILE[0]
+  state = {"buf": jnp.zeros((rows, _FLUSH_TILE[1]), jnp.float32)}
+  run = _flush_pass(mode)
 
-    def once():
-      state["buf"] = jax.block_until_ready(write(state["buf"]))
-      return state["buf"]
-  else:
-    read = jax.jit(lambda b: b.reshape(-1, 8192).sum(axis=1))
+  def once():
+    out = jax.block_until_ready(run(state["buf"]))
+    if mode == "write":
+      state["buf"] = out  # the donated buffer, written in place
+    return out
 
-    def once():
-      return jax.block_until_ready(read(state["buf"]))
+  once()  # compiled outside any timing
+  return once
 
-  once()
-  try:
-    with tempfile.TemporaryDirectory() as trace_dir:
-      with jax.profiler.trace(trace_dir):
-        for _ in range(3):
-          once()
-      count = len(_device_events(trace_dir))
-  except Exception:
-    count = 0
-  return once, (count // 3 if count % 3 == 0 else -1)
+
+# The flush of the `time_calls` now running (None: none, or no timing) and the host seconds its
+# calls between steps took, which the call's wall clock leaves out.
+_ACTIVE_FLUSH: dict = {"flush": None, "host_s": 0.0}
+
+
+def flush_between_steps() -> None:
+  """Evict L2 between two steps of one timed call, as `time_calls` does before each call (the
+  same pass). For a call of several steps of one layer: in a model the other layers' traffic
+  passes through L2 between two steps of this one, so a state that fits L2 (B=16 at the
+  anchor geometry: 32 MiB of checkpoints) must not stay there from one step to the next.
+  The timing drops the pass's kernel and its host time. A no-op outside `time_calls`, or
+  where it flushes nothing (a CPU)."""
+  flush = _ACTIVE_FLUSH["flush"]
+  if flush is not None and FLUSH_BETWEEN_STEPS:
+    t0 = time.perf_counter()
+    flush()
+    _ACTIVE_FLUSH["host_s"] += time.perf_counter() - t0
 
 
 def time_calls(fn: Callable, state, *, args: tuple = (), reps: int = 50, warmup: int = 3,
@@ -150,47 +200,63 @@ def time_calls(fn: Callable, state, *, args: tuple = (), reps: int = 50, warmup:
     ``(timing, state)``: the timing and the state after the last call.
   """
   if l2_flush_bytes is None:
-    l2_flush_bytes = 256 << 20 if jax.default_backend() in ("gpu", "cuda", "rocm") else 0
-  flush, flush_events = _l2_flusher(l2_flush_bytes, L2_FLUSH if l2_flush is None else l2_flush)
-  for _ in range(warmup):
-    state = fn(state, *args)
-  jax.block_until_ready(state)
+    l2_flush_bytes = 256 << 20 if not interpret_mode() else 0
+  flush = _l2_flusher(l2_flush_bytes, L2_FLUSH if l2_flush is None else l2_flush)
   host = []
 
   def timed_call(state):
     if flush is not None:
       flush()
-    t0 = time.perf_counter()
+    t0, flushing_s = time.perf_counter(), _ACTIVE_FLUSH["host_s"]
     state = jax.block_until_ready(fn(state, *args))
-    host.append((time.perf_counter() - t0) * 1e6)
+    host.append((time.perf_counter() - t0 - (_ACTIVE_FLUSH["host_s"] - flushing_s)) * 1e6)
     return state
 
+  _ACTIVE_FLUSH["flush"] = flush
   try:
-    with tempfile.TemporaryDirectory() as trace_dir:
-      with jax.profiler.trace(trace_dir):
-        for _ in range(reps):
-          state = timed_call(state)
-      events = _device_events(trace_dir)
-  except Exception:  # the profiler is optional: fall back to the host clock
-    events = []
-    while len(host) < reps:
-      state = timed_call(state)
-  timing = _device_timing(events, reps, flush_events, host)
+    for _ in range(warmup):
+      state = fn(state, *args)
+    jax.block_until_ready(state)
+    try:
+      with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+          for _ in range(reps):
+            state = timed_call(state)
+        events = _device_events(trace_dir)
+    except Exception:  # the profiler is optional: fall back to the host clock
+      events = []
+      while len(host) < reps:
+        state = timed_call(state)
+  finally:
+    _ACTIVE_FLUSH["flush"] = None
+  timing = _device_timing(events, reps, host, flushed=flush is not None)
   return timing or _summary(host, "host-clock", wall_us=host), state
 
 
-def _device_timing(events, reps: int, flush_events: int, host_us) -> Timing | None:
+def _device_timing(events, reps: int, host_us, *, flushed: bool = False) -> Timing | None:
   """The timing of ``reps`` calls from their trace's kernels ``(start_ns, duration_ns, name)``,
-  sorted by start: each call's group is the L2 flush's ``flush_events`` kernels, then the
-  call's own. None where the kernels do not split into such groups."""
-  if not events or flush_events < 0 or len(events) % reps:
+  sorted by start, the L2 flush's kernels (`L2_FLUSH_KERNEL`) dropped wherever they run:
+  the rest splits into ``reps`` equal groups, one a call. None where it does not.
+
+  Raises:
+    RuntimeError: ``flushed`` (a pass before every call) but fewer than ``reps`` flush kernels
+      in the trace, so the flush could not be told from the call's own kernels.
+  """
+  is_flush = lambda name: name.startswith(L2_FLUSH_KERNEL)
+  flush_starts = [t for t, _, name in events if is_flush(name)]
+  if events and flushed and len(flush_starts) < reps:
+    raise RuntimeError(f"{len(flush_starts)} kernels named {L2_FLUSH_KERNEL}* in the trace of "
+                       f"{reps} flushed calls: the flush's kernel name did not reach the trace.")
+  own = [e for e in events if not is_flush(e[2])]
+  if not own or len(own) % reps:
     return None
-  per_rep = len(events) // reps
-  groups = [events[i * per_rep + flush_events:(i + 1) * per_rep] for i in range(reps)]
-  names = tuple(name for _, _, name in groups[-1])
-  if not names:
-    return None
+  per_rep = len(own) // reps
+  groups = [own[i * per_rep:(i + 1) * per_rep] for i in range(reps)]
   per_kernel = np.median([[d / 1e3 for _, d, _ in g] for g in groups], axis=0)
-  spans = [(max(t + d for t, d, _ in g) - g[0][0]) / 1e3 for g in groups]
-  return _summary([sum(d for _, d, _ in g) / 1e3 for g in groups], "device-events", names,
-                  per_kernel, host_us, spans)
+  spans = []
+  for g in groups:
+    start, end = g[0][0], max(t + d for t, d, _ in g)
+    flushed_inside = any(start < t < end for t in flush_starts)
+    spans.append(float("nan") if flushed_inside else (end - start) / 1e3)
+  return _summary([sum(d for _, d, _ in g) / 1e3 for g in groups], "device-events",
+                  tuple(name for _, _, name in groups[-1]), per_kernel, host_us, spans)
