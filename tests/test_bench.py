@@ -101,12 +101,15 @@ def test_l2_flusher_passes_over_its_buffer(mode):
     timing._l2_flusher(nbytes, "dirty")
 
 
-def test_steps_restoring_runs_each_step_and_restores_the_cursors(monkeypatch):
-  """`kernels._steps_restoring`: each step with its own arguments, in order, a flush between
-  two steps (none before the first: `time_calls` flushes before the call), the first step's
-  cursors back at the end, and the cache donated."""
-  flushes = []
-  monkeypatch.setattr(timing, "flush_between_steps", lambda: flushes.append(None))
+@pytest.mark.parametrize("mode", ["write", "read", "none"])
+def test_steps_restoring_flushes_between_steps_and_restores_the_cursors(monkeypatch, mode):
+  """`kernels._steps_restoring`: each step with its own arguments, in order, the L2 pass
+  between two steps (none before the first: `time_calls` passes before the call; "write"
+  adds 1 to the flush buffer each time, "read" leaves it), the first step's cursors back at
+  the end, and the cache and the buffer donated."""
+  monkeypatch.setattr(timing, "L2_FLUSH", mode)
+  buf = timing.steps_flush_buffer(32 * 1024)  # one 32 KB tile
+  assert (buf is None) == (mode == "none")
   spec = SpecConfig(draft_tokens=1, ring_len=4, verify_mode="replayssm")
   cache = dataclasses.replace(ssm.init(kernels.TINY, spec, 2),
                               write_pos=jnp.asarray([1, 2], jnp.int32))
@@ -116,10 +119,15 @@ def test_steps_restoring_runs_each_step_and_restores_the_cursors(monkeypatch):
 
   run = kernels._steps_restoring(step, [(1.0,), (2.0,), (3.0,), (4.0,)], kernels._cursors)
   before = cache.ssm
-  out = run(cache)
-  assert len(flushes) == 3 and before.is_deleted()
+  out, buf_out = run((cache, buf))
+  assert before.is_deleted()
   np.testing.assert_array_equal(np.asarray(out.write_pos), [1, 2])
   np.testing.assert_array_equal(np.asarray(out.ssm), np.full(out.ssm.shape, 26.0, np.float32))
+  if mode != "none":
+    assert buf.is_deleted()
+    np.testing.assert_array_equal(np.asarray(buf_out), 3.0 if mode == "write" else 0.0)
+  monkeypatch.setattr(timing, "FLUSH_BETWEEN_STEPS", False)
+  assert timing.steps_flush_buffer(32 * 1024) is None
 
 
 @pytest.mark.parametrize("argv, message", [

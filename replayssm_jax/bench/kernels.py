@@ -193,33 +193,19 @@ def _restoring(step, cursors_of):
 
 
 def _steps_restoring(step, step_args, cursors_of):
-  """``cache = step(cache, *args)`` for each ``args`` of ``step_args``, a jitted call each
-  (the cache donated) with L2 evicted between them (`timing.flush_between_steps`), then the
-  cursors restored: one call of several steps of a layer, as a server makes them, with the
-  other layers' L2 traffic in between. The first step hands the cursors it was given to the
-  last, which returns them in place of its own. JAX pairs a donated input with the first
-  output of its shape, in order, so the cursors go first among the first step's outputs and
-  the last step's inputs: each buffer comes back as itself, without a copy."""
-  if len(step_args) == 1:
-    return _restoring(lambda c: step(c, *step_args[0]), cursors_of)
-  def saved_of(c):  # a tuple in the cache's field order (a dict would flatten sorted)
-    return tuple(cursors_of(c).values())
-
-  def restored(c, saved):
-    return dataclasses.replace(c, **dict(zip(cursors_of(c), saved)))
-
-  first = jax.jit(lambda c, *a: (saved_of(c), step(c, *a)), donate_argnums=0)
-  middle = jax.jit(step, donate_argnums=0)
-  last = jax.jit(lambda saved, c, *a: restored(step(c, *a), saved), donate_argnums=(0, 1))
-
-  def run(cache):
-    saved, cache = first(cache, *step_args[0])
-    for args in step_args[1:-1]:
-      bench_timing.flush_between_steps()
-      cache = middle(cache, *args)
-    bench_timing.flush_between_steps()
-    return last(saved, cache, *step_args[-1])
-  return run
+  """One jitted call: ``cache = step(cache, *args)`` for each ``args`` of ``step_args``, L2
+  flushed between two steps (`timing.flush_between_steps`, a no-op without a buffer), then
+  the cursors restored, so every call sees the same phases. Its state is ``(cache, buffer)``,
+  both donated, the buffer from `timing.steps_flush_buffer`."""
+  def run(state):
+    cache, buf = state
+    saved = cursors_of(cache)
+    for i, args in enumerate(step_args):
+      if i:
+        cache, buf = bench_timing.flush_between_steps(cache, buf)
+      cache = step(cache, *args)
+    return dataclasses.replace(cache, **saved), buf
+  return jax.jit(run, donate_argnums=0)
 
 
 def _cursors(cache: ReplayCache):
@@ -357,7 +343,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
 
     model = sum(nbytes.rssm_step(w, f) for w, f in traffic_phases(c, accepted, spec))
     traffic = _steps_restoring(traffic_step, [(jnp.asarray(acc),) for acc in accepted], _cursors)
-    t, _ = time_calls(traffic, c, reps=max(5, reps // 3))
+    t, _ = time_calls(traffic, (c, bench_timing.steps_flush_buffer()), reps=max(5, reps // 3))
     yield "rssm_traffic", -1, L, t.per_call(TRAFFIC_STEPS), model / TRAFFIC_STEPS
   del cache
 
@@ -383,7 +369,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
                    + sum(nbytes.rssm_verify(w, 1) for w in range(steps)))
       for name, start in starts.items():
         c = _replay_cache(rng, gdn, dspec, B, *start)
-        t, _ = time_calls(cycle, c, reps=max(5, reps // 3))
+        t, _ = time_calls(cycle, (c, bench_timing.steps_flush_buffer()), reps=max(5, reps // 3))
         yield name, -1, L_dec, t.per_call(steps), model / steps
 
 

@@ -5,8 +5,8 @@ device kernels of the trace are grouped per call (every call launches the same
 kernels in the same order) and summed, so launch gaps and host work are not
 counted. On a GPU a 256 MiB pass runs before every call (untimed), so each call
 starts with a cold L2 (`L2_FLUSHES`): by default a write, as in the anchor's
-`triton.testing.do_bench`. A call of several steps runs the same pass between them
-(`flush_between_steps`). The pass is a Pallas kernel of its own name (`L2_FLUSH_KERNEL`), which
+`triton.testing.do_bench`. A call of several steps runs the same pass between them, inside
+the jitted call (`flush_between_steps`). The pass is a Pallas kernel of its own name (`L2_FLUSH_KERNEL`), which
 the timing drops wherever it runs. Where the profiler yields no device events (a CPU, or a
 profiler failure) the timing falls back to the host clock around ``block_until_ready``, and
 the result says so.
@@ -42,7 +42,8 @@ class Timing:
   wall_us: float = float("nan")  # median host clock of a call to its result (dispatch included)
   # Median device span of a call: its first kernel's start to its last kernel's end. Above the
   # summed time by the launch gaps; below it where kernels run concurrently. NaN for a call
-  # of several steps with L2 flushed between them (the flushes and host gaps are inside it).
+  # of several steps with L2 flushed between them (the flushes are inside it, as they are in
+  # ``wall_us``).
   span_us: float = float("nan")
 
   def per_call(self, n: int) -> "Timing":
@@ -94,8 +95,8 @@ def _device_events(trace_dir: str) -> list[tuple[float, float, str]]:
 # * "none": no pass (warm L2 where the call's data fits).
 L2_FLUSHES = ("write", "read", "none")
 L2_FLUSH = "write"  # the default of `time_calls`; `bench.kernels --l2-flush` sets it
-# Whether `flush_between_steps` flushes (`bench.kernels --no-l2-flush-steps` keeps L2 warm from
-# one step of a call to the next, as runs 1-36 measured the calls of several steps).
+# Whether a call of several steps flushes between them (`steps_flush_buffer`; `bench.kernels
+# --no-l2-flush-steps` keeps L2 warm from one step to the next, as runs 1-36 measured them).
 FLUSH_BETWEEN_STEPS = True
 
 
@@ -113,10 +114,11 @@ L2_FLUSH_KERNEL = "l2_flush"
 _FLUSH_TILE = (8, 1024)  # fp32: 32 KB a program
 
 
-def _flush_pass(mode: str):
-  """One pass over a ``[rows, 1024]`` fp32 buffer, jitted: ``+ 1`` in place ("write") or its
-  row sums ("read"), as a Pallas kernel named ``l2_flush_<mode>``. XLA's own kernels for the
-  same passes have generic names ("loop_add_fusion"), which a timed call may share."""
+def _flush_kernel(mode: str) -> Callable:
+  """One pass over a ``[rows, 1024]`` fp32 buffer: ``+ 1`` in place ("write", the buffer
+  donated) or its row sums ("read"), as a Pallas kernel named ``l2_flush_<mode>``. XLA's
+  own kernels for the same passes have generic names ("loop_add_fusion"), which a timed call
+  may share."""
   def write(x_ref, o_ref):
     o_ref[...] = x_ref[...] + 1.0
 
@@ -135,21 +137,30 @@ def _flush_pass(mode: str):
         compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
         name=f"{L2_FLUSH_KERNEL}_{mode}")(buf)
 
-  return jax.jit(run, donate_argnums=0 if mode == "write" else ())
+  return run
+
+
+def _flush_buffer(nbytes: int) -> jax.Array:
+  """The zeros a flush passes over: ``nbytes`` rounded down to 32 KB tiles, at least one."""
+  rows = max(1, nbytes // (4 * _FLUSH_TILE[0] * _FLUSH_TILE[1])) * _FLUSH_TILE[0]
+  return jnp.zeros((rows, _FLUSH_TILE[1]), jnp.float32)
+
+
+def _default_flush_bytes() -> int:
+  return 0 if interpret_mode() else 256 << 20
 
 
 @functools.lru_cache(maxsize=None)
 def _l2_flusher(nbytes: int, mode: str = "write") -> Callable | None:
-  """A callable that runs one pass over ``nbytes`` (rounded down to 32 KB, at least that) to
-  evict L2 (``mode`` as in `L2_FLUSHES`) and returns what the pass wrote; None when no flush
-  is wanted. One buffer per (nbytes, mode), shared by every timing that asks for it."""
+  """A callable that runs one pass over ``nbytes`` to evict L2 (``mode`` as in
+  `L2_FLUSHES`) and returns what the pass wrote; None when no flush is wanted. One buffer per
+  (nbytes, mode), shared by every timing that asks for it."""
   if mode not in L2_FLUSHES:
     raise ValueError(f"l2_flush={mode!r}: expected one of {L2_FLUSHES}.")
   if nbytes <= 0 or mode == "none":
     return None
-  rows = max(1, nbytes // (4 * _FLUSH_TILE[0] * _FLUSH_TILE[1])) * _FLUSH_TILE[0]
-  state = {"buf": jnp.zeros((rows, _FLUSH_TILE[1]), jnp.float32)}
-  run = _flush_pass(mode)
+  state = {"buf": _flush_buffer(nbytes)}
+  run = jax.jit(_flush_kernel(mode), donate_argnums=0 if mode == "write" else ())
 
   def once():
     out = jax.block_until_ready(run(state["buf"]))
@@ -161,23 +172,30 @@ def _l2_flusher(nbytes: int, mode: str = "write") -> Callable | None:
   return once
 
 
-# The flush of the `time_calls` now running (None: none, or no timing) and the host seconds its
-# calls between steps took, which the call's wall clock leaves out.
-_ACTIVE_FLUSH: dict = {"flush": None, "host_s": 0.0}
+def steps_flush_buffer(nbytes: int | None = None) -> jax.Array | None:
+  """The buffer `flush_between_steps` passes over, for a call of several steps to carry in
+  its (donated) state; None where no flush runs between steps (a CPU, ``L2_FLUSH = "none"``,
+  ``FLUSH_BETWEEN_STEPS = False``). ``nbytes``: default 256 MiB on a GPU, as `time_calls`."""
+  nbytes = _default_flush_bytes() if nbytes is None else nbytes
+  if nbytes <= 0 or L2_FLUSH == "none" or not FLUSH_BETWEEN_STEPS:
+    return None
+  return _flush_buffer(nbytes)
 
 
-def flush_between_steps() -> None:
-  """Evict L2 between two steps of one timed call, as `time_calls` does before each call (the
-  same pass). For a call of several steps of one layer: in a model the other layers' traffic
-  passes through L2 between two steps of this one, so a state that fits L2 (B=16 at the
-  anchor geometry: 32 MiB of checkpoints) must not stay there from one step to the next.
-  The timing drops the pass's kernel and its host time. A no-op outside `time_calls`, or
-  where it flushes nothing (a CPU)."""
-  flush = _ACTIVE_FLUSH["flush"]
-  if flush is not None and FLUSH_BETWEEN_STEPS:
-    t0 = time.perf_counter()
-    flush()
-    _ACTIVE_FLUSH["host_s"] += time.perf_counter() - t0
+def flush_between_steps(deps, buf: jax.Array | None):
+  """Inside a jitted call of several steps: the `L2_FLUSH` pass over ``buf`` (from
+  `steps_flush_buffer`) after every array of ``deps`` (the state one step leaves) and before
+  any use of the ``deps`` returned (the next step), as `time_calls` passes before each call.
+  In a model the other layers' traffic passes through L2 between two steps of a layer, so a
+  state that fits L2 (B=16 at the anchor geometry: 32 MiB of checkpoints) must not stay there
+  from one step to the next. The timing drops the pass's kernel by its name. Returns ``(deps,
+  buf)``; with ``buf`` None, no pass."""
+  if buf is None:
+    return deps, buf
+  deps, buf = jax.lax.optimization_barrier((deps, buf))  # the pass after the step
+  out = _flush_kernel(L2_FLUSH)(buf)
+  deps, _ = jax.lax.optimization_barrier((deps, out))  # the next step after the pass
+  return deps, (out if L2_FLUSH == "write" else buf)
 
 
 def time_calls(fn: Callable, state, *, args: tuple = (), reps: int = 50, warmup: int = 3,
@@ -200,35 +218,31 @@ def time_calls(fn: Callable, state, *, args: tuple = (), reps: int = 50, warmup:
     ``(timing, state)``: the timing and the state after the last call.
   """
   if l2_flush_bytes is None:
-    l2_flush_bytes = 256 << 20 if not interpret_mode() else 0
+    l2_flush_bytes = _default_flush_bytes()
   flush = _l2_flusher(l2_flush_bytes, L2_FLUSH if l2_flush is None else l2_flush)
+  for _ in range(warmup):
+    state = fn(state, *args)
+  jax.block_until_ready(state)
   host = []
 
   def timed_call(state):
     if flush is not None:
       flush()
-    t0, flushing_s = time.perf_counter(), _ACTIVE_FLUSH["host_s"]
+    t0 = time.perf_counter()
     state = jax.block_until_ready(fn(state, *args))
-    host.append((time.perf_counter() - t0 - (_ACTIVE_FLUSH["host_s"] - flushing_s)) * 1e6)
+    host.append((time.perf_counter() - t0) * 1e6)
     return state
 
-  _ACTIVE_FLUSH["flush"] = flush
   try:
-    for _ in range(warmup):
-      state = fn(state, *args)
-    jax.block_until_ready(state)
-    try:
-      with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir):
-          for _ in range(reps):
-            state = timed_call(state)
-        events = _device_events(trace_dir)
-    except Exception:  # the profiler is optional: fall back to the host clock
-      events = []
-      while len(host) < reps:
-        state = timed_call(state)
-  finally:
-    _ACTIVE_FLUSH["flush"] = None
+    with tempfile.TemporaryDirectory() as trace_dir:
+      with jax.profiler.trace(trace_dir):
+        for _ in range(reps):
+          state = timed_call(state)
+      events = _device_events(trace_dir)
+  except Exception:  # the profiler is optional: fall back to the host clock
+    events = []
+    while len(host) < reps:
+      state = timed_call(state)
   timing = _device_timing(events, reps, host, flushed=flush is not None)
   return timing or _summary(host, "host-clock", wall_us=host), state
 
