@@ -62,7 +62,9 @@ def state_tuning(V: int) -> KernelTuning:
 # programs an SM, so B=16's 512 programs (row, value head) take 1.29 waves; 16 -> 110
 # registers, 4 an SM, one wave, for 14% more instructions a program. H200, L=16 decode over a
 # ring cycle (benchmarks/NOTES.md run 36, two rounds), K-chunks of 32 -> 16: B=16 20.3 -> 15.4
-# us a step, B=8 and B=32 even (11.1 -> 11.2, 40.1 -> 39.5). 32 from run 5 to run 35.
+# us a step, B=8 and B=32 even (11.1 -> 11.2, 40.1 -> 39.5). 32 from run 5 to run 35. Those
+# cycles read B <= 16's checkpoints from L2 after their first step; flushed between steps (run
+# 37) the kernel takes 21.2 us at B=16, not 10.2, and the K-chunk's worth there is unmeasured.
 VEC_K_CHUNK = 16
 
 
