@@ -84,17 +84,19 @@ def test_device_timing_drops_flushes_between_steps():
 @pytest.mark.parametrize("mode", ["write", "read"])
 def test_l2_flusher_passes_over_its_buffer(mode):
   """`timing._l2_flusher`'s pass is one Pallas kernel a call: "write" adds 1 to its buffer
-  in place (do_bench's dirty L2), "read" only sums its rows (a clean L2); "none" and zero
-  bytes give no pass, and an unknown mode is refused by name."""
+  in place (do_bench's dirty L2), "read" adds the buffer's row sums to its sums (a clean L2);
+  "none" and zero bytes give no pass, and an unknown mode is refused by name."""
   nbytes = 3 * 32 * 1024 + 100  # three 32 KB tiles of 8 rows, the rest rounded off
   timing._l2_flusher.cache_clear()  # a fresh buffer
   flush = timing._l2_flusher(nbytes, mode)
   assert timing._l2_flusher(nbytes, mode) is flush  # one buffer per size and mode
-  out = np.asarray(flush())  # the second pass: one ran when it was made
+  out = flush()  # the second pass: one ran when it was made
   if mode == "write":
-    np.testing.assert_array_equal(out, np.full((24, 1024), 2.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(out), np.full((24, 1024), 2.0, np.float32))
   else:
-    np.testing.assert_array_equal(out, np.zeros(24, np.float32))  # row sums of zeros
+    buf, sums = (np.asarray(x) for x in out)
+    np.testing.assert_array_equal(buf, np.zeros((24, 1024), np.float32))
+    np.testing.assert_array_equal(sums, np.zeros(24, np.float32))  # row sums of zeros
   assert timing._l2_flusher(nbytes, "none") is None
   assert timing._l2_flusher(0, mode) is None
   with pytest.raises(ValueError, match="'dirty'.*'write', 'read', 'none'"):
@@ -104,12 +106,15 @@ def test_l2_flusher_passes_over_its_buffer(mode):
 @pytest.mark.parametrize("mode", ["write", "read", "none"])
 def test_steps_restoring_flushes_between_steps_and_restores_the_cursors(monkeypatch, mode):
   """`kernels._steps_restoring`: each step with its own arguments, in order, the L2 pass
-  between two steps (none before the first: `time_calls` passes before the call; "write"
-  adds 1 to the flush buffer each time, "read" leaves it), the first step's cursors back at
-  the end, and the cache and the buffer donated."""
+  between two steps (none before the first: `time_calls` passes before the call), the first
+  step's cursors back at the end, and the state donated. Every pass is live code in the
+  jitted call: "write" adds 1 to the buffer each time; "read" adds its row sums (ones here,
+  1024 a row) to the sums."""
   monkeypatch.setattr(timing, "L2_FLUSH", mode)
-  buf = timing.steps_flush_buffer(32 * 1024)  # one 32 KB tile
-  assert (buf is None) == (mode == "none")
+  flush = timing.steps_flush_state(32 * 1024)  # one 32 KB tile
+  assert (flush is None) == (mode == "none")
+  if mode == "read":
+    flush = (jnp.ones_like(flush[0]), flush[1])
   spec = SpecConfig(draft_tokens=1, ring_len=4, verify_mode="replayssm")
   cache = dataclasses.replace(ssm.init(kernels.TINY, spec, 2),
                               write_pos=jnp.asarray([1, 2], jnp.int32))
@@ -119,15 +124,16 @@ def test_steps_restoring_flushes_between_steps_and_restores_the_cursors(monkeypa
 
   run = kernels._steps_restoring(step, [(1.0,), (2.0,), (3.0,), (4.0,)], kernels._cursors)
   before = cache.ssm
-  out, buf_out = run((cache, buf))
+  out, flush_out = run((cache, flush))
   assert before.is_deleted()
   np.testing.assert_array_equal(np.asarray(out.write_pos), [1, 2])
   np.testing.assert_array_equal(np.asarray(out.ssm), np.full(out.ssm.shape, 26.0, np.float32))
-  if mode != "none":
-    assert buf.is_deleted()
-    np.testing.assert_array_equal(np.asarray(buf_out), 3.0 if mode == "write" else 0.0)
+  if mode == "write":
+    np.testing.assert_array_equal(np.asarray(flush_out), 3.0)
+  elif mode == "read":
+    np.testing.assert_array_equal(np.asarray(flush_out[1]), 3 * 1024.0)
   monkeypatch.setattr(timing, "FLUSH_BETWEEN_STEPS", False)
-  assert timing.steps_flush_buffer(32 * 1024) is None
+  assert timing.steps_flush_state(32 * 1024) is None
 
 
 @pytest.mark.parametrize("argv, message", [

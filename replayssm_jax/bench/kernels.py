@@ -194,17 +194,17 @@ def _restoring(step, cursors_of):
 
 def _steps_restoring(step, step_args, cursors_of):
   """One jitted call: ``cache = step(cache, *args)`` for each ``args`` of ``step_args``, L2
-  flushed between two steps (`timing.flush_between_steps`, a no-op without a buffer), then
-  the cursors restored, so every call sees the same phases. Its state is ``(cache, buffer)``,
-  both donated, the buffer from `timing.steps_flush_buffer`."""
+  flushed between two steps (`timing.flush_between_steps`, a no-op without a flush state),
+  then the cursors restored, so every call sees the same phases. Its state is ``(cache,
+  flush state)``, both donated, the flush state from `timing.steps_flush_state`."""
   def run(state):
-    cache, buf = state
+    cache, flush = state
     saved = cursors_of(cache)
     for i, args in enumerate(step_args):
       if i:
-        cache, buf = bench_timing.flush_between_steps(cache, buf)
+        cache, flush = bench_timing.flush_between_steps(cache, flush)
       cache = step(cache, *args)
-    return dataclasses.replace(cache, **saved), buf
+    return dataclasses.replace(cache, **saved), flush
   return jax.jit(run, donate_argnums=0)
 
 
@@ -343,7 +343,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
 
     model = sum(nbytes.rssm_step(w, f) for w, f in traffic_phases(c, accepted, spec))
     traffic = _steps_restoring(traffic_step, [(jnp.asarray(acc),) for acc in accepted], _cursors)
-    t, _ = time_calls(traffic, (c, bench_timing.steps_flush_buffer()), reps=max(5, reps // 3))
+    t, _ = time_calls(traffic, (c, bench_timing.steps_flush_state()), reps=max(5, reps // 3))
     yield "rssm_traffic", -1, L, t.per_call(TRAFFIC_STEPS), model / TRAFFIC_STEPS
   del cache
 
@@ -369,7 +369,7 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
                    + sum(nbytes.rssm_verify(w, 1) for w in range(steps)))
       for name, start in starts.items():
         c = _replay_cache(rng, gdn, dspec, B, *start)
-        t, _ = time_calls(cycle, (c, bench_timing.steps_flush_buffer()), reps=max(5, reps // 3))
+        t, _ = time_calls(cycle, (c, bench_timing.steps_flush_state()), reps=max(5, reps // 3))
         yield name, -1, L_dec, t.per_call(steps), model / steps
 
 

@@ -6,8 +6,8 @@ kernels in the same order) and summed, so launch gaps and host work are not
 counted. On a GPU a 256 MiB pass runs before every call (untimed), so each call
 starts with a cold L2 (`L2_FLUSHES`): by default a write, as in the anchor's
 `triton.testing.do_bench`. A call of several steps runs the same pass between them, inside
-the jitted call (`flush_between_steps`). The pass is a Pallas kernel of its own name (`L2_FLUSH_KERNEL`), which
-the timing drops wherever it runs. Where the profiler yields no device events (a CPU, or a
+the jitted call (`flush_between_steps`). The pass is a Pallas kernel of its own name
+(`L2_FLUSH_KERNEL`), which the timing drops wherever it runs. Where the profiler yields no device events (a CPU, or a
 profiler failure) the timing falls back to the host clock around ``block_until_ready``, and
 the result says so.
 """
@@ -95,7 +95,7 @@ def _device_events(trace_dir: str) -> list[tuple[float, float, str]]:
 # * "none": no pass (warm L2 where the call's data fits).
 L2_FLUSHES = ("write", "read", "none")
 L2_FLUSH = "write"  # the default of `time_calls`; `bench.kernels --l2-flush` sets it
-# Whether a call of several steps flushes between them (`steps_flush_buffer`; `bench.kernels
+# Whether a call of several steps flushes between them (`steps_flush_state`; `bench.kernels
 # --no-l2-flush-steps` keeps L2 warm from one step to the next, as runs 1-36 measured them).
 FLUSH_BETWEEN_STEPS = True
 
@@ -114,36 +114,44 @@ L2_FLUSH_KERNEL = "l2_flush"
 _FLUSH_TILE = (8, 1024)  # fp32: 32 KB a program
 
 
-def _flush_kernel(mode: str) -> Callable:
-  """One pass over a ``[rows, 1024]`` fp32 buffer: ``+ 1`` in place ("write", the buffer
-  donated) or its row sums ("read"), as a Pallas kernel named ``l2_flush_<mode>``. XLA's
-  own kernels for the same passes have generic names ("loop_add_fusion"), which a timed call
-  may share."""
+def _flush_pass(mode: str) -> Callable:
+  """One pass of the flush over its state, as a Pallas kernel named ``l2_flush_<mode>`` (XLA's
+  own kernels for such passes have generic names, "loop_add_fusion", that a timed call may
+  share). "write": the state is a ``[rows, 1024]`` fp32 buffer, ``+ 1`` in place (donate it);
+  "read": ``(buffer, sums)``, the buffer's row sums added to ``sums`` in place, so every pass
+  feeds the next and none is dead code inside a jitted call."""
+  tile = pl.BlockSpec(_FLUSH_TILE, lambda i: (i, 0))
+  column = pl.BlockSpec(_FLUSH_TILE[:1], lambda i: (i,))
+  params = dict(interpret=interpret_mode(), name=f"{L2_FLUSH_KERNEL}_{mode}",
+                compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1))
+
   def write(x_ref, o_ref):
     o_ref[...] = x_ref[...] + 1.0
 
-  def read(x_ref, o_ref):
-    o_ref[...] = jnp.sum(x_ref[...], axis=1)
+  def read(x_ref, s_ref, o_ref):
+    o_ref[...] = s_ref[...] + jnp.sum(x_ref[...], axis=1)
 
-  def run(buf):
-    rows = buf.shape[0]
-    tile = pl.BlockSpec(_FLUSH_TILE, lambda i: (i, 0))
-    return pl.pallas_call(
-        write if mode == "write" else read,
-        out_shape=jax.ShapeDtypeStruct(buf.shape if mode == "write" else (rows,), jnp.float32),
-        grid=(rows // _FLUSH_TILE[0],), in_specs=[tile],
-        out_specs=tile if mode == "write" else pl.BlockSpec(_FLUSH_TILE[:1], lambda i: (i,)),
-        input_output_aliases={0: 0} if mode == "write" else {}, interpret=interpret_mode(),
-        compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
-        name=f"{L2_FLUSH_KERNEL}_{mode}")(buf)
+  def run(state):
+    buf = state if mode == "write" else state[0]
+    grid = (buf.shape[0] // _FLUSH_TILE[0],)
+    if mode == "write":
+      return pl.pallas_call(write, out_shape=jax.ShapeDtypeStruct(buf.shape, buf.dtype),
+                            grid=grid, in_specs=[tile], out_specs=tile,
+                            input_output_aliases={0: 0}, **params)(buf)
+    sums = pl.pallas_call(read, out_shape=jax.ShapeDtypeStruct(state[1].shape, jnp.float32),
+                          grid=grid, in_specs=[tile, column], out_specs=column,
+                          input_output_aliases={1: 0}, **params)(*state)
+    return buf, sums
 
   return run
 
 
-def _flush_buffer(nbytes: int) -> jax.Array:
-  """The zeros a flush passes over: ``nbytes`` rounded down to 32 KB tiles, at least one."""
+def _flush_state(nbytes: int, mode: str):
+  """What a pass of ``mode`` runs over: zeros of ``nbytes`` rounded down to 32 KB tiles (at
+  least one), as ``[rows, 1024]`` fp32, with their row sums for "read"."""
   rows = max(1, nbytes // (4 * _FLUSH_TILE[0] * _FLUSH_TILE[1])) * _FLUSH_TILE[0]
-  return jnp.zeros((rows, _FLUSH_TILE[1]), jnp.float32)
+  buf = jnp.zeros((rows, _FLUSH_TILE[1]), jnp.float32)
+  return buf if mode == "write" else (buf, jnp.zeros((rows,), jnp.float32))
 
 
 def _default_flush_bytes() -> int:
@@ -153,49 +161,46 @@ def _default_flush_bytes() -> int:
 @functools.lru_cache(maxsize=None)
 def _l2_flusher(nbytes: int, mode: str = "write") -> Callable | None:
   """A callable that runs one pass over ``nbytes`` to evict L2 (``mode`` as in
-  `L2_FLUSHES`) and returns what the pass wrote; None when no flush is wanted. One buffer per
-  (nbytes, mode), shared by every timing that asks for it."""
+  `L2_FLUSHES`) and returns the pass's new state (`_flush_pass`); None when no flush is
+  wanted. One state per (nbytes, mode), shared by every timing that asks for it."""
   if mode not in L2_FLUSHES:
     raise ValueError(f"l2_flush={mode!r}: expected one of {L2_FLUSHES}.")
   if nbytes <= 0 or mode == "none":
     return None
-  state = {"buf": _flush_buffer(nbytes)}
-  run = jax.jit(_flush_kernel(mode), donate_argnums=0 if mode == "write" else ())
+  box = [_flush_state(nbytes, mode)]
+  run = jax.jit(_flush_pass(mode), donate_argnums=0)
 
   def once():
-    out = jax.block_until_ready(run(state["buf"]))
-    if mode == "write":
-      state["buf"] = out  # the donated buffer, written in place
-    return out
+    box[0] = jax.block_until_ready(run(box[0]))
+    return box[0]
 
   once()  # compiled outside any timing
   return once
 
 
-def steps_flush_buffer(nbytes: int | None = None) -> jax.Array | None:
-  """The buffer `flush_between_steps` passes over, for a call of several steps to carry in
-  its (donated) state; None where no flush runs between steps (a CPU, ``L2_FLUSH = "none"``,
+def steps_flush_state(nbytes: int | None = None):
+  """The state `flush_between_steps` passes over, for a call of several steps to carry in its
+  (donated) state; None where no flush runs between steps (a CPU, ``L2_FLUSH = "none"``,
   ``FLUSH_BETWEEN_STEPS = False``). ``nbytes``: default 256 MiB on a GPU, as `time_calls`."""
   nbytes = _default_flush_bytes() if nbytes is None else nbytes
   if nbytes <= 0 or L2_FLUSH == "none" or not FLUSH_BETWEEN_STEPS:
     return None
-  return _flush_buffer(nbytes)
+  return _flush_state(nbytes, L2_FLUSH)
 
 
-def flush_between_steps(deps, buf: jax.Array | None):
-  """Inside a jitted call of several steps: the `L2_FLUSH` pass over ``buf`` (from
-  `steps_flush_buffer`) after every array of ``deps`` (the state one step leaves) and before
+def flush_between_steps(deps, flush_state):
+  """Inside a jitted call of several steps: the `L2_FLUSH` pass over ``flush_state`` (from
+  `steps_flush_state`) after every array of ``deps`` (the state one step leaves) and before
   any use of the ``deps`` returned (the next step), as `time_calls` passes before each call.
   In a model the other layers' traffic passes through L2 between two steps of a layer, so a
   state that fits L2 (B=16 at the anchor geometry: 32 MiB of checkpoints) must not stay there
   from one step to the next. The timing drops the pass's kernel by its name. Returns ``(deps,
-  buf)``; with ``buf`` None, no pass."""
-  if buf is None:
-    return deps, buf
-  deps, buf = jax.lax.optimization_barrier((deps, buf))  # the pass after the step
-  out = _flush_kernel(L2_FLUSH)(buf)
-  deps, _ = jax.lax.optimization_barrier((deps, out))  # the next step after the pass
-  return deps, (out if L2_FLUSH == "write" else buf)
+  flush_state)``; with ``flush_state`` None, no pass."""
+  if flush_state is None:
+    return deps, flush_state
+  deps, flush_state = jax.lax.optimization_barrier((deps, flush_state))  # after the step
+  flush_state = _flush_pass(L2_FLUSH)(flush_state)
+  return jax.lax.optimization_barrier((deps, flush_state))  # before the next step
 
 
 def time_calls(fn: Callable, state, *, args: tuple = (), reps: int = 50, warmup: int = 3,
