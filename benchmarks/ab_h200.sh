@@ -8,7 +8,8 @@
 # ARMS, if set, replaces the two arms: `;`-separated NAME=ROOT|EXTRA_ARGS, the EXTRA_ARGS added
 # to BENCH_ARGS for that arm (a knob of `bench.kernels`), e.g.
 #   ARMS="old=ab_old|;loads=.|--stream-early loads;products=.|--stream-early products"
-# Results: $OUT/ab_${TAG}_${NAME}_${round}.json and the logs' tables.
+# Results: $OUT/ab_${TAG}_${NAME}_${round}.json, each arm's whole log beside it (.log), the
+# tables (and any error) on stdout.
 set -uo pipefail
 PY=${PY:-python3}; OUT=${OUT:-out}; OLD=${OLD:-ab_old}; TAG=${TAG:-ab}; ROUNDS=${ROUNDS:-2}
 ARMS=${ARMS:-"new=.|;old=$OLD|"}
@@ -24,7 +25,8 @@ bench() {  # bench ROOT NAME ROUND EXTRA: `python -m` puts the cwd first, so run
   (cd "$1" && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
      && "$PY" -c "import replayssm_jax as r; print('build:', r.__file__)" \
      && "$PY" -m replayssm_jax.bench.kernels \
-     --out "$OUT/ab_${TAG}_$2_$3.json" ${BENCH_ARGS:-} $4 2>&1 | grep -E "^(B=|copy|build)" )
+     --out "$OUT/ab_${TAG}_$2_$3.json" ${BENCH_ARGS:-} $4 2>&1 | tee "$OUT/ab_${TAG}_$2_$3.log" \
+     | grep -E "^(B=|copy|build|Traceback|[A-Za-z]*Error)" )
 }
 IFS=';' read -ra arms <<< "$ARMS"
 for r in $(seq 1 "$ROUNDS"); do

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
+# so that one device call runs as many of them as fit and returns whole items:
+#   ITEMS="s_pallas s_triton" bash benchmarks/plan_h200.sh     # first call
+#   ITEMS="a_pallas a_triton b" bash benchmarks/plan_h200.sh   # the next, with what is left
+# An item starts only while its estimate (seconds, from runs 36-37) fits before DEADLINE_S
+# (seconds from this script's start; the device stops a command at 600 s, and what is under
+# $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
+# plan's own log ($OUT/plan.log) says which items ran, how long each took, and which were left.
+# DRY=1 prints the items' commands instead of running them; BENCH_EXTRA is added to every
+# benchmark's arguments (a CPU smoke run: PY=.venv/bin/python BENCH_EXTRA="--tiny --batch 2
+# --reps 2 --copy-gib 0.01" ITEMS="s_pallas a_pallas"). Needs the jax-triton wheel in .whl/
+# for the triton items and the build before run 37 in ab_old/ for s_pallas's `old` arm
+# (`mkdir -p ab_old && git archive 0530bae replayssm_jax | tar -x -C ab_old`).
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"s_pallas s_triton a_pallas a_triton b"}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+START=$(date +%s)
+AB="bash benchmarks/ab_h200.sh"
+SPLIT8="--set kernels.backend.SPLIT_MIN_BATCH={'window':16,'decode':8}"
+
+# item NAME: its estimate in seconds, then the command (run by `bash -c`).
+estimate() {
+  case $1 in s_pallas) echo 300;; s_triton) echo 200;; a_pallas|a_triton) echo 150;; b) echo 100;;
+    *) echo 0;; esac
+}
+command_of() {
+  local steps="--paths recurrent decode --decode-rings 16 --reps 10"
+  local flush="--paths kernels steps --batch 64 256 --reps 15"
+  local extra=${BENCH_EXTRA:-}  # e.g. a CPU smoke run: "--tiny --batch 2 --reps 2 --copy-gib 0.01"
+  case $1 in
+    # s. The steps of a decode cycle with L2 flushed between them (run 37's harness, in one
+    # jitted call): warm == old kernel by kernel; flushed Pallas B=16 ~25 us a step, B=64 ~64,
+    # B=256 ~210; the split form below 64 rows faster than the vector form (B=16 ~16-18).
+    s_pallas) echo "ARMS=\"old=ab_old|;warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
+      "TAG=run38_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
+    s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|--triton-split-min-batch 16 8\"" \
+      "TAG=run38_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
+    # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
+    # under the read, 65.9-66.5% under the write); the triton backend for the first time.
+    a_pallas) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run38_flush" \
+      "ROUNDS=2 BENCH_ARGS=\"$flush $extra\" $AB";;
+    a_triton) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run38_flush_triton" \
+      "ROUNDS=2 BENCH_ARGS=\"$flush --backend triton $extra\" $AB";;
+    # b. The coefficients kernel beside the stream's K-loop under clean L2 (run 30 measured it
+    # under the write flush only: the pair's span 49.1 us against the loop's 41.9 at B=64).
+    b) echo "XLA_FLAGS=\"--xla_gpu_command_buffer_scheduling_mode=CONCURRENT" \
+      "--xla_gpu_graph_min_graph_size=1\" python3 tools/concurrency_probe.py --batch 64" \
+      "--l2-flush read --out \$OUT/probe_run38.json";;
+    *) return 1;;
+  esac
+}
+
+log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
+for item in $ITEMS; do
+  cmd=$(command_of "$item") || { log "unknown item $item (known: s_pallas s_triton a_pallas a_triton b)"; exit 2; }
+  if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
+  left=$(( DEADLINE_S - ($(date +%s) - START) ))
+  if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi
+  log "start $item: $cmd"
+  t0=$(date +%s)
+  bash -c "$cmd" > "$OUT/plan_$item.log" 2>&1; rc=$?
+  tail -40 "$OUT/plan_$item.log"
+  log "end $item: rc $rc, $(( $(date +%s) - t0 )) s"
+done
