@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="s_pallas s_triton" bash benchmarks/plan_h200.sh     # first call
+#   ITEMS="s_pallas s_triton c" bash benchmarks/plan_h200.sh   # first call
 #   ITEMS="a_pallas a_triton b" bash benchmarks/plan_h200.sh   # the next, with what is left
 # An item starts only while its estimate (seconds, from runs 36-37) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
@@ -14,15 +14,18 @@
 # (`mkdir -p ab_old && git archive 0530bae replayssm_jax | tar -x -C ab_old`).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"s_pallas s_triton a_pallas a_triton b"}
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"s_pallas s_triton c a_pallas a_triton b"}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then  # item c's triton sweep (ab_h200.sh: its own)
+  pip install -q --no-index --no-deps --target /tmp/site .whl/jax_triton-*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
 START=$(date +%s)
 AB="bash benchmarks/ab_h200.sh"
 SPLIT8="--set kernels.backend.SPLIT_MIN_BATCH={'window':16,'decode':8}"
 
 # item NAME: its estimate in seconds, then the command (run by `bash -c`).
 estimate() {
-  case $1 in s_pallas) echo 300;; s_triton) echo 200;; a_pallas|a_triton) echo 150;; b) echo 100;;
+  case $1 in s_pallas) echo 300;; s_triton) echo 200;; a_pallas|a_triton) echo 150;; b) echo 100;; c) echo 200;;
     *) echo 0;; esac
 }
 command_of() {
@@ -48,13 +51,18 @@ command_of() {
     b) echo "XLA_FLAGS=\"--xla_gpu_command_buffer_scheduling_mode=CONCURRENT" \
       "--xla_gpu_graph_min_graph_size=1\" python3 tools/concurrency_probe.py --batch 64" \
       "--l2-flush read --out \$OUT/probe_run38.json";;
+    # c. The triton vector form's launches on HBM, one decode step a call (L2 flushed before
+    # each): the shipped [128, 16] chunks ~21 us at B=16 (run 37's flushed steps), whole rows
+    # in [32, 128] tiles (no K-loop, every load in flight at once) ~11-13, the split form ~16-18.
+    c) echo "python3 -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
+      "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run38_triton_decode.json";;
     *) return 1;;
   esac
 }
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: s_pallas s_triton a_pallas a_triton b)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: s_pallas s_triton a_pallas a_triton b c)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi

@@ -371,6 +371,18 @@ def test_sweep_replay_smoke(tmp_path):
   assert all(r["median_us"] > 0 for r in rows)
 
 
+def test_sweep_replay_tokens(tmp_path):
+  """``--T 1`` sweeps the decode window alone (the vector form's launches on HBM, one step a
+  call with L2 flushed before it: NOTES run 37)."""
+  from replayssm_jax.bench import sweep
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "replay", "--T", "1", "--knobs", "coefficient_warps",
+                     "--batch", "2", "--reps", "1", "--out", str(out)]) == 0
+  kernels_run = {r["kernel"] for r in json.loads(out.read_text())["rows"]}
+  assert kernels_run and all(k.endswith("_T1") for k in kernels_run), kernels_run
+
+
 def test_sweep_fold_smoke(tmp_path):
   """The fold sweep times each launch with records and without, bitwise checked (tiny, CPU)."""
   from replayssm_jax.bench import sweep

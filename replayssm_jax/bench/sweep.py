@@ -59,7 +59,10 @@ TRITON_REPLAY = [("ut", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
                  for bv, w, kc in [(64, 2, 32), (64, 4, 32), (32, 2, 32), (128, 4, 32)]] + [
     ("vec", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
     for bv, w, kc in [(64, 4, 32), (32, 2, 32), (128, 4, 32), (64, 2, 32), (128, 4, 16),
-                      (64, 2, 16)]] + [
+                      (64, 2, 16),
+                      # whole rows, no K-loop: every load of a program in flight at once
+                      # (triton 3.6, sm_90: 119 / 93 registers, 4 / 5 programs an SM)
+                      (32, 4, 128), (16, 4, 128), (32, 4, 64)]] + [
     ("split", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=st))
     for bv, w, kc, st in [(128, 4, 64, 2), (64, 4, 64, 2), (64, 4, 64, 3), (64, 4, 32, 3),
                           (128, 8, 64, 2), (64, 2, 64, 2), (32, 2, 64, 3)]]
@@ -382,6 +385,8 @@ def main(argv=None) -> int:
   p.add_argument("--knobs", nargs="+", metavar="NAME",
                  help="coefficients: only the variants that set these keyword arguments of "
                       "replay_split.replay_verify_split (e.g. coefficient_key_mma)")
+  p.add_argument("--T", type=int, nargs="+", default=[4, 1], dest="tokens",
+                 help="window tokens of the replay and coefficients families (1: decode)")
   p.add_argument("--backend", choices=bench.BACKENDS, default="pallas")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="stop after the row that crosses this many seconds")
@@ -410,7 +415,7 @@ def main(argv=None) -> int:
     if "replay" in only or "coefficients" in only:
       forms = "replay" in only
       gens += [sweep_replay(gdn, B, T, 8, args.reps, backend=args.backend, forms=forms,
-                            knobs=args.knobs) for T in (4, 1)]
+                            knobs=args.knobs) for T in args.tokens]
     if "streams" in only and args.backend == "pallas":
       gens.append(sweep_replay(gdn, B, 4, 8, args.reps, forms=False, streams=True))
   for gen in gens:

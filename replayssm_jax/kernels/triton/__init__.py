@@ -66,6 +66,11 @@ def state_tuning(V: int) -> KernelTuning:
 # cycles read B <= 16's checkpoints from L2 after their first step; flushed between steps (run
 # 37) the kernel takes 21.2 us at B=16, not 10.2, and the K-chunk's worth there is unmeasured.
 VEC_K_CHUNK = 16
+# The vector form's tile height (rows of V a program; 128: a program per (row, value head)).
+# With VEC_K_CHUNK = K a program holds whole rows and has no K-loop, so all its loads are in
+# flight at once: [32, 128] tiles take 119 registers, 4 programs an SM (triton 3.6, sm_90),
+# untimed so far (benchmarks/NOTES.md, "Next device session", item c; `bench.sweep`).
+VEC_BLOCK_V = 128
 
 
 def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
@@ -86,5 +91,6 @@ def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
   form = replay_form(T, B)
   if form == "split":
     return KernelTuning(block_v=min(64, V), num_warps=2, k_chunk=64, num_stages=2)
-  return KernelTuning(block_v=min(128, V), num_warps=4,
-                      k_chunk=VEC_K_CHUNK if form == "vec" else 32)
+  if form == "vec":
+    return KernelTuning(block_v=min(VEC_BLOCK_V, V), num_warps=4, k_chunk=VEC_K_CHUNK)
+  return KernelTuning(block_v=min(128, V), num_warps=4, k_chunk=32)
