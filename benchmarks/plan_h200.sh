@@ -2,7 +2,7 @@
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
 #   ITEMS="s_pallas s_triton c" bash benchmarks/plan_h200.sh   # first call
-#   ITEMS="a_pallas a_triton b e" bash benchmarks/plan_h200.sh # the next, with what is left
+#   ITEMS="a_pallas a_triton b" bash benchmarks/plan_h200.sh   # the next, with what is left
 # An item starts only while its estimate (seconds, from runs 36-37) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
@@ -14,7 +14,7 @@
 # (`mkdir -p ab_old && git archive 0530bae replayssm_jax | tar -x -C ab_old`).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"s_pallas s_triton c a_pallas a_triton b e"}
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"s_pallas s_triton c a_pallas a_triton b"}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then  # item c's triton sweep (ab_h200.sh: its own)
   pip install -q --no-index --no-deps --target /tmp/site .whl/jax_triton-*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
@@ -25,7 +25,7 @@ SPLIT8="--set kernels.backend.SPLIT_MIN_BATCH={'window':16,'decode':8}"
 
 # item NAME: its estimate in seconds, then the command (run by `bash -c`).
 estimate() {
-  case $1 in s_pallas) echo 300;; s_triton) echo 200;; a_pallas|a_triton) echo 150;; b) echo 100;; c) echo 200;; e) echo 120;;
+  case $1 in s_pallas) echo 300;; s_triton) echo 200;; a_pallas|a_triton) echo 150;; b) echo 100;; c) echo 200;;
     *) echo 0;; esac
 }
 command_of() {
@@ -56,17 +56,13 @@ command_of() {
     # in [32, 128] tiles (no K-loop, every load in flight at once) ~11-13, the split form ~16-18.
     c) echo "python3 -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
       "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run38_triton_decode.json";;
-    # e. Decode's coefficients kernel (15.0 us a step at B=256 in run 25's cycle, 1.94 waves of
-    # 16 one-warp programs an SM at 127 registers) at each of its launches, T=1 alone.
-    e) echo "python3 -m replayssm_jax.bench.sweep --only coefficients --T 1 --batch 64 256" \
-      "--reps 15 --out \$OUT/sweep_run38_coefficients_T1.json";;
     *) return 1;;
   esac
 }
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: s_pallas s_triton a_pallas a_triton b c e)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: s_pallas s_triton a_pallas a_triton b c)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi
