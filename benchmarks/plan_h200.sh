@@ -16,17 +16,20 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"s_pallas s_triton c a_pallas a_triton b"}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then  # item c's triton sweep (ab_h200.sh: its own)
+# Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
+if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
   pip install -q --no-index --no-deps --target /tmp/site .whl/jax_triton-*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 START=$(date +%s)
 AB="bash benchmarks/ab_h200.sh"
 SPLIT8="--set kernels.backend.SPLIT_MIN_BATCH={'window':16,'decode':8}"
 
-# item NAME: its estimate in seconds, then the command (run by `bash -c`).
+# An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
-  case $1 in s_pallas) echo 300;; s_triton) echo 200;; a_pallas|a_triton) echo 150;; b) echo 100;; c) echo 200;;
-    *) echo 0;; esac
+  case $1 in
+    s_pallas) echo 300;; s_triton|c) echo 200;; a_pallas|a_triton) echo 150;; b) echo 100;;
+    *) echo 0;;
+  esac
 }
 command_of() {
   local steps="--paths recurrent decode --decode-rings 16 --reps 10"

@@ -215,8 +215,8 @@ VEC_CASES = [c for c in replay_tests.CASES if c.T == 1] + [
 @pytest.mark.parametrize("c", VEC_CASES, ids=[c.id for c in VEC_CASES])
 def test_replay_verify_vec_k_chunks(c: replay_tests.Case, k_chunk, block_v, mode):
   """The vector form over other K-chunks than `VEC_K_CHUNK`'s, and in tiles of 8 rows of V
-  (with K-chunks of 32 the whole rows: no K-loop, `sweep.TRITON_REPLAY`'s (32, 4, 128) at
-  K=32), as `test_replay_verify` checks it."""
+  (with K-chunks of 32 at K=32: whole rows and no K-loop, as `sweep.TRITON_REPLAY`'s ``[32,
+  128]`` tiles at K=128), as `test_replay_verify` checks it."""
   check_replay_verify(c, "vec", KernelTuning(block_v=block_v or c.block_v, k_chunk=k_chunk))
 
 
