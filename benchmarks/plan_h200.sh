@@ -20,6 +20,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
   pip install -q --no-index --no-deps --target /tmp/site .whl/jax_triton-*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
+PY=${PY:-python3}; export PY
 START=$(date +%s)
 AB="bash benchmarks/ab_h200.sh"
 SPLIT8="--set kernels.backend.SPLIT_MIN_BATCH={'window':16,'decode':8}"
@@ -52,12 +53,12 @@ command_of() {
     # b. The coefficients kernel beside the stream's K-loop under clean L2 (run 30 measured it
     # under the write flush only: the pair's span 49.1 us against the loop's 41.9 at B=64).
     b) echo "XLA_FLAGS=\"--xla_gpu_command_buffer_scheduling_mode=CONCURRENT" \
-      "--xla_gpu_graph_min_graph_size=1\" python3 tools/concurrency_probe.py --batch 64" \
+      "--xla_gpu_graph_min_graph_size=1\" $PY tools/concurrency_probe.py --batch 64" \
       "--l2-flush read --out \$OUT/probe_run38.json";;
     # c. The triton vector form's launches on HBM, one decode step a call (L2 flushed before
     # each): the shipped [128, 16] chunks ~21 us at B=16 (run 37's flushed steps), whole rows
     # in [32, 128] tiles (no K-loop, every load in flight at once) ~11-13, the split form ~16-18.
-    c) echo "python3 -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
+    c) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
       "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run38_triton_decode.json";;
     *) return 1;;
   esac
