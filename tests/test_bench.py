@@ -68,13 +68,16 @@ def test_device_timing_sums_kernels_and_spans_each_call():
 
 def test_device_timing_drops_flushes_between_steps():
   """A call of two steps with a flush between them (`timing.flush_between_steps`): the flush
-  is dropped from the sum and the call has no span (the flush and the host gap are inside
-  it); a flushed timing whose trace lacks the flush's kernels is refused, not mis-summed."""
+  is dropped from the sum, and the call's span is its steps' spans summed, each step's own
+  launch gap in, the flush and the gaps beside it out; a flushed timing whose trace lacks the
+  flush's kernels is refused, not mis-summed."""
   us = 1000
   call = lambda t0: [(t0, 5 * us, "l2_flush_read"), (t0 + 10 * us, 4 * us, "step"),
+                     (t0 + 15 * us, 1 * us, "cursors"),  # 1 us after the step: a launch gap
                      (t0 + 20 * us, 5 * us, "l2_flush_read"), (t0 + 40 * us, 3 * us, "step")]
   t = timing._device_timing(call(0) + call(100 * us), 2, [80.0, 90.0], flushed=True)
-  assert t.kernels == ("step", "step") and t.median_us == 7.0 and np.isnan(t.span_us)
+  assert t.kernels == ("step", "cursors", "step") and t.median_us == 8.0
+  assert t.span_us == 6.0 + 3.0  # 10..16 and 40..43 us: the flush at 20..25 and its gaps out
   renamed = [(t0, d, "loop_add_fusion" if n.startswith("l2_flush") else n)
              for t0, d, n in call(0) + call(100 * us)]
   with pytest.raises(RuntimeError, match="0 kernels named l2_flush"):

@@ -14,6 +14,7 @@ the result says so.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import glob
@@ -41,9 +42,9 @@ class Timing:
   kernel_us: tuple[float, ...] = ()  # the median device time of each of them
   wall_us: float = float("nan")  # median host clock of a call to its result (dispatch included)
   # Median device span of a call: its first kernel's start to its last kernel's end. Above the
-  # summed time by the launch gaps; below it where kernels run concurrently. NaN for a call
-  # of several steps with L2 flushed between them (the flushes are inside it, as they are in
-  # ``wall_us``).
+  # summed time by the launch gaps; below it where kernels run concurrently. A call of several
+  # steps with L2 flushed between them spans its stretches between the flushes, summed: each
+  # step's own gaps count, the flushes and the gaps beside them do not.
   span_us: float = float("nan")
 
   def per_call(self, n: int) -> "Timing":
@@ -252,6 +253,19 @@ def time_calls(fn: Callable, state, *, args: tuple = (), reps: int = 50, warmup:
   return timing or _summary(host, "host-clock", wall_us=host), state
 
 
+def _span_between(group, flush_starts) -> float:
+  """The span of a call's kernels ``group`` (sorted by start) in ns: first start to last end,
+  or, where flushes start inside it, the spans of its stretches between them, summed."""
+  start, end = group[0][0], max(t + d for t, d, _ in group)
+  cuts = [t for t in flush_starts if start < t < end]
+  stretches: dict[int, tuple[float, float]] = {}
+  for t, d, _ in group:
+    i = bisect.bisect(cuts, t)
+    lo, hi = stretches.get(i, (t, t + d))
+    stretches[i] = (min(lo, t), max(hi, t + d))
+  return sum(hi - lo for lo, hi in stretches.values())
+
+
 def _device_timing(events, reps: int, host_us, *, flushed: bool = False) -> Timing | None:
   """The timing of ``reps`` calls from their trace's kernels ``(start_ns, duration_ns, name)``,
   sorted by start, the L2 flush's kernels (`L2_FLUSH_KERNEL`) dropped wherever they run:
@@ -272,10 +286,6 @@ def _device_timing(events, reps: int, host_us, *, flushed: bool = False) -> Timi
   per_rep = len(own) // reps
   groups = [own[i * per_rep:(i + 1) * per_rep] for i in range(reps)]
   per_kernel = np.median([[d / 1e3 for _, d, _ in g] for g in groups], axis=0)
-  spans = []
-  for g in groups:
-    start, end = g[0][0], max(t + d for t, d, _ in g)
-    flushed_inside = any(start < t < end for t in flush_starts)
-    spans.append(float("nan") if flushed_inside else (end - start) / 1e3)
+  spans = [_span_between(g, flush_starts) / 1e3 for g in groups]
   return _summary([sum(d for _, d, _ in g) / 1e3 for g in groups], "device-events",
                   tuple(name for _, _, name in groups[-1]), per_kernel, host_us, spans)
