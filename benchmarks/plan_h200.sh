@@ -24,11 +24,13 @@ PY=${PY:-python3}; export PY
 START=$(date +%s)
 AB="bash benchmarks/ab_h200.sh"
 SPLIT8="--set kernels.backend.SPLIT_MIN_BATCH={'window':16,'decode':8}"
+ROWS="rows=.|--set kernels.triton.VEC_BLOCK_V=32 --set kernels.triton.VEC_K_CHUNK=128"  # item c
 
 # An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
   case $1 in
-    s_pallas) echo 300;; s_triton|c) echo 200;; a_pallas|a_triton) echo 150;; b) echo 100;;
+    s_pallas) echo 300;; s_triton) echo 250;; c) echo 200;; a_pallas|a_triton) echo 150;;
+    b) echo 100;;
     *) echo 0;;
   esac
 }
@@ -39,10 +41,11 @@ command_of() {
   case $1 in
     # s. The steps of a decode cycle with L2 flushed between them (run 37's harness, in one
     # jitted call): warm == old kernel by kernel; flushed Pallas B=16 ~25 us a step, B=64 ~64,
-    # B=256 ~210; the split form below 64 rows faster than the vector form (B=16 ~16-18).
+    # B=256 ~210; the split form below 64 rows faster than the vector form (B=16 ~16-18); the
+    # triton vector form in whole-row [32, 128] tiles (item c) ~11-13 at B=16.
     s_pallas) echo "ARMS=\"old=ab_old|;warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
       "TAG=run38_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
-    s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|--triton-split-min-batch 16 8\"" \
+    s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|--triton-split-min-batch 16 8;$ROWS\"" \
       "TAG=run38_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write); the triton backend for the first time.
