@@ -189,6 +189,13 @@ class SpecConfig:
       Pallas decode from 64 rows then folds in the fold kernel, not in its stream
       (`ssm.FUSE_FOLD_BELOW`; run 25, B=256 out of phase 214.3 -> 205.3 us, B=64 64.0 ->
       61.5).
+    check_values: check the values the shapes cannot show (off by default): before any
+      kernel reads them, a host callback of `ssm.reset`, `verify`, `decode`, `commit` and
+      `materialize` fails the call (``jax.errors.JaxRuntimeError`` carrying a ``ValueError``'s
+      message) for slot ids outside ``-1..num_slots - 1`` or repeated in a batch, and for an
+      ``accepted`` count outside ``0..draft_tokens``. Unchecked, a bad slot id makes a GPU
+      kernel read and write outside the cache. Each call then waits for the host once: for
+      notebooks and tests, not for serving.
   """
 
   draft_tokens: int = 4
@@ -200,6 +207,7 @@ class SpecConfig:
   ssm_dtype: jnp.dtype = jnp.float32
   dot_precision: DotPrecision = "default"
   fold_together: int | None = None
+  check_values: bool = False
 
   def __post_init__(self):
     T, L = self.draft_tokens, self.ring_len
@@ -221,6 +229,8 @@ class SpecConfig:
       if self.verify_mode == "replayssm":
         fix = max(fix, next_power_of_two(2 * T))  # the fix must also pass the L >= 2T check
       raise ValueError(f"SpecConfig.ring_len={L!r} must be a power of two; try ring_len={fix}.")
+    if not isinstance(self.check_values, bool):
+      raise ValueError(f"SpecConfig.check_values={self.check_values!r} must be True or False.")
     n = self.fold_together
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= L):
       raise ValueError(f"SpecConfig.fold_together={n!r} must be None or a record count in "

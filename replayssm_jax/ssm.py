@@ -68,6 +68,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from replayssm_jax.config import GDNConfig, SpecConfig
 from replayssm_jax.kernels import fold as fold_kernels
@@ -166,6 +167,39 @@ def _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, T: int, what: st
                         f"{act} activations (ssm.init(..., dtype={act.name})).")
 
 
+def _checked_values(spec: SpecConfig, what: str, num_slots: int, slot_ids, accepted=None):
+  """``(slot_ids, accepted)``, passed through a host check when ``spec.check_values``: slot
+  ids in ``-1..num_slots - 1`` and distinct but for -1, ``accepted`` (if given) in
+  ``0..spec.draft_tokens``. The kernels read the callback's outputs, so none runs before it
+  passes; a failed check raises ``ValueError`` (wrapped by the runtime that ran it)."""
+  if not spec.check_values:
+    return slot_ids, accepted
+  T = spec.draft_tokens
+
+  def check(ids, acc):
+    ids = np.asarray(ids)
+    outside = sorted(set(ids[(ids < -1) | (ids >= num_slots)].tolist()))
+    if outside:
+      raise ValueError(f"{what}: slot ids {outside} are outside -1..{num_slots - 1} "
+                       f"(the cache has {num_slots} slots; -1 marks a padding row).")
+    live, counts = np.unique(ids[ids >= 0], return_counts=True)
+    if (counts > 1).any():
+      raise ValueError(f"{what}: slot ids {live[counts > 1].tolist()} repeat in one batch; "
+                       "a batch's slot ids must be distinct (-1 rows aside).")
+    if acc is not None:
+      acc = np.asarray(acc)
+      bad = sorted(set(acc[(ids >= 0) & ((acc < 0) | (acc > T))].tolist()))
+      if bad:
+        raise ValueError(f"{what}: accepted counts {bad} are outside 0..{T} "
+                         f"(draft_tokens={T}, the bonus token included).")
+    return (ids, acc) if acc is not None else ids
+
+  like = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
+  if accepted is None:
+    return jax.pure_callback(lambda ids: check(ids, None), like(slot_ids), slot_ids), None
+  return jax.pure_callback(check, (like(slot_ids), like(accepted)), slot_ids, accepted)
+
+
 def default_state_tuning(spec: SpecConfig, V: int) -> KernelTuning:
   """The measured launch of ``spec.backend``'s recurrent kernels and exact fold (one instance:
   the bitwise tie); V is the value head dim."""
@@ -249,6 +283,7 @@ def reset(cache: SSMCache, slot_ids: jax.Array, initial_state: jax.Array, spec: 
     spec: the configuration the cache was built with.
   """
   _check_cache(cache, spec, "ssm.reset")
+  slot_ids, _ = _checked_values(spec, "ssm.reset", cache.num_slots, slot_ids)
   if initial_state.shape != (slot_ids.shape[0], *cache.ssm.shape[1:]):
     raise ValueError(f"ssm.reset: initial_state has shape {initial_state.shape}; expected "
                      f"{(slot_ids.shape[0], *cache.ssm.shape[1:])}.")
@@ -359,6 +394,7 @@ def verify(cache: SSMCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec: SpecC
   """
   _check_cache(cache, spec, "ssm.verify")
   _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec.draft_tokens, "ssm.verify")
+  slot_ids, _ = _checked_values(spec, "ssm.verify", cache.num_slots, slot_ids)
   tuning = _tuning(cache, tuning, spec)
   if isinstance(cache, ReplayCache):
     o, cache, cursors = _replay_window(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec,
@@ -392,6 +428,7 @@ def commit(cache: SSMCache, slot_ids: jax.Array, accepted: jax.Array, spec: Spec
   if accepted.shape != slot_ids.shape:
     raise ValueError(f"ssm.commit: accepted has shape {accepted.shape}; expected {slot_ids.shape}.")
   accepted = accepted.astype(jnp.int32)
+  slot_ids, accepted = _checked_values(spec, "ssm.commit", cache.num_slots, slot_ids, accepted)
   if isinstance(cache, ReplayCache):
     cursors = _advanced(*_row_cursors(cache, slot_ids), accepted, cache.ring_len, spec.draft_tokens)
     return _set_cursors(cache, slot_ids, *cursors)
@@ -417,6 +454,7 @@ def decode(cache: SSMCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec: SpecC
   """
   _check_cache(cache, spec, "ssm.decode")
   _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, 1, "ssm.decode")
+  slot_ids, _ = _checked_values(spec, "ssm.decode", cache.num_slots, slot_ids)
   tuning = _tuning(cache, tuning, spec)
   if isinstance(cache, ReplayCache):
     o, cache, cursors = _replay_window(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec,
@@ -437,6 +475,7 @@ def materialize(cache: SSMCache, slot_ids: jax.Array, spec: SpecConfig) -> jax.A
   the raw records (pure jnp; the cache is not changed).
   """
   _check_cache(cache, spec, "ssm.materialize")
+  slot_ids, _ = _checked_values(spec, "ssm.materialize", cache.num_slots, slot_ids)
   s = jnp.maximum(slot_ids, 0)
   S = cache.ssm[s]
   if isinstance(cache, ReplayCache):

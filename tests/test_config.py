@@ -68,6 +68,11 @@ def test_fold_together_in_range():
   assert SpecConfig(ring_len=16, fold_together=1) != SpecConfig(ring_len=16)
 
 
+@pytest.mark.parametrize("flag", [1, "yes", None])
+def test_check_values_must_be_a_bool(flag):
+  _raises([f"check_values={flag!r}", "True or False"], SpecConfig, check_values=flag)
+
+
 def test_topk_above_one_allowed_with_recurrent():
   assert SpecConfig(topk=4, verify_mode="recurrent").topk == 4
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -122,3 +124,46 @@ def test_shape_errors_name_expected_and_given():
   with pytest.raises(ValueError, match=r"q has shape \(1, 3, 2, 16\); expected \(1, 2, 2, 16\)"):
     q3 = jnp.zeros((1, 3, 2, 16))
     ssm.verify(cache, q3, q3, v, a, b, A_log, dt_bias, jnp.zeros(1, jnp.int32), spec)
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "replayssm"])
+def test_check_values_refuses_bad_slots_and_counts(backend, mode):
+  """`SpecConfig.check_values`: each function fails on a slot id outside the cache or
+  repeated, and commit on an accepted count outside 0..T, naming the values; padding rows and
+  their counts pass, and a checked step gives the unchecked step's outputs and state."""
+  T = 2
+  plain = SpecConfig(draft_tokens=T, ring_len=4, verify_mode=mode, backend=backend)
+  spec = dataclasses.replace(plain, check_values=True)
+  rng = np.random.default_rng(7)
+  A_log, dt_bias = params(rng)
+  x = window(rng, 3, T)
+  S0 = jnp.asarray(0.3 * rng.standard_normal((3, *GDN.state_shape)), jnp.float32)
+  ids = lambda *s: jnp.asarray(s, jnp.int32)
+  fresh = lambda: ssm.init(GDN, spec, SLOTS, dtype=jnp.float32)
+  calls = {
+      r"ssm.reset: slot ids \[-2\] are outside -1..4": lambda: ssm.reset(
+          fresh(), ids(0, -2, 1), S0, spec),
+      r"ssm.verify: slot ids \[5, 7\] are outside -1..4": lambda: ssm.verify(
+          fresh(), *x, A_log, dt_bias, ids(7, 5, 0), spec),
+      r"ssm.decode: slot ids \[3\] repeat in one batch": lambda: ssm.decode(
+          fresh(), *(y[:, :1] for y in x), A_log, dt_bias, ids(3, -1, 3), spec),
+      r"ssm.commit: accepted counts \[3\] are outside 0..2": lambda: ssm.commit(
+          fresh(), ids(0, 1, -1), ids(2, 3, 0), spec),
+      r"ssm.commit: accepted counts \[-1\] are outside 0..2": lambda: ssm.commit(
+          fresh(), ids(0, 1, 2), ids(0, -1, 1), spec),
+      r"ssm.materialize: slot ids \[5\] are outside -1..4": lambda: ssm.materialize(
+          fresh(), ids(5, 0, 1), spec),
+  }
+  for message, call in calls.items():
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+      jax.block_until_ready(call())
+
+  def step(spec):  # padding rows and a padding row's out-of-range count pass the checks
+    slot_ids = ids(4, -1, 0)
+    cache = ssm.reset(ssm.init(GDN, spec, SLOTS, dtype=jnp.float32), slot_ids, S0, spec)
+    o, cache = ssm.verify(cache, *x, A_log, dt_bias, slot_ids, spec)
+    cache = ssm.commit(cache, slot_ids, ids(1, 9, T), spec)
+    return o, ssm.materialize(cache, slot_ids, spec)
+
+  for got, want in zip(step(spec), step(plain)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
