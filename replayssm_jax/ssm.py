@@ -147,19 +147,18 @@ def _check_cache(cache, spec: SpecConfig, what: str) -> None:
 def _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, T: int, what: str) -> None:
   """Shapes and dtypes of a verify/decode window against the cache (trace time)."""
   slots, HV, V, K = cache.ssm.shape
-  B, H = q.shape[0], q.shape[2]
+  # The key heads: the rings' in replayssm mode; in recurrent mode only q and k have them.
+  B, H = q.shape[0], (cache.ring_rawk.shape[1] if isinstance(cache, ReplayCache) else q.shape[2])
   expected = {"q": (B, T, H, K), "k": (B, T, H, K), "v": (B, T, HV, V), "a": (B, T, HV),
               "b": (B, T, HV), "A_log": (HV,), "dt_bias": (HV,), "slot_ids": (B,)}
   given = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, slot_ids=slot_ids)
   for name, shape in expected.items():
     if given[name].shape != shape:
       raise ValueError(f"{what}: {name} has shape {given[name].shape}; expected {shape} "
-                       f"(T={T}, cache state {cache.ssm.shape}).")
+                       f"(T={T}, {H} key heads, cache state {cache.ssm.shape}).")
   if slot_ids.dtype != jnp.int32:
     raise TypeError(f"{what}: slot_ids must be int32; got {slot_ids.dtype}.")
   if isinstance(cache, ReplayCache):
-    if cache.ring_rawk.shape[1] != H:
-      raise ValueError(f"{what}: q has {H} key heads; the cache rings have {cache.ring_rawk.shape[1]}.")
     act = cache.ring_rawk.dtype
     for name in ("q", "k", "v"):
       if given[name].dtype != act:

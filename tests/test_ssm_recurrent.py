@@ -124,6 +124,12 @@ def test_shape_errors_name_expected_and_given():
   with pytest.raises(ValueError, match=r"q has shape \(1, 3, 2, 16\); expected \(1, 2, 2, 16\)"):
     q3 = jnp.zeros((1, 3, 2, 16))
     ssm.verify(cache, q3, q3, v, a, b, A_log, dt_bias, jnp.zeros(1, jnp.int32), spec)
+  # replayssm: the rings fix the key heads, so a q of the wrong heads is named, not its k
+  rep = SpecConfig(draft_tokens=2, ring_len=4, verify_mode="replayssm")
+  with pytest.raises(ValueError, match=r"q has shape \(1, 2, 1, 16\); expected \(1, 2, 2, 16\) "
+                                       r"\(T=2, 2 key heads"):
+    ssm.verify(ssm.init(GDN, rep, 2, dtype=jnp.float32), q[:, :, :1], k, v, a, b, A_log, dt_bias,
+               jnp.zeros(1, jnp.int32), rep)
 
 
 @pytest.mark.parametrize("mode", ["recurrent", "replayssm"])
