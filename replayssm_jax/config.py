@@ -194,8 +194,9 @@ class SpecConfig:
       `materialize` fails the call (``jax.errors.JaxRuntimeError`` carrying a ``ValueError``'s
       message) for slot ids outside ``-1..num_slots - 1`` or repeated in a batch, and for an
       ``accepted`` count outside ``0..draft_tokens``. Unchecked, a bad slot id makes a GPU
-      kernel read and write outside the cache. Each call then waits for the host once: for
-      notebooks and tests, not for serving.
+      kernel read and write outside the cache. A failed call has consumed the cache it was
+      given (donated, as in every call), so start again from a new one. Each call waits for
+      the host once: for notebooks and tests, not for serving.
   """
 
   draft_tokens: int = 4
