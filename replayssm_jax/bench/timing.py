@@ -7,9 +7,9 @@ counted. On a GPU a 256 MiB pass runs before every call (untimed), so each call
 starts with a cold L2 (`L2_FLUSHES`): by default a write, as in the anchor's
 `triton.testing.do_bench`. A call of several steps runs the same pass between them, inside
 the jitted call (`flush_between_steps`). The pass is a Pallas kernel of its own name
-(`L2_FLUSH_KERNEL`), which the timing drops wherever it runs. Where the profiler yields no device events (a CPU, or a
-profiler failure) the timing falls back to the host clock around ``block_until_ready``, and
-the result says so.
+(`L2_FLUSH_KERNEL`), which the timing drops wherever it runs. Where the profiler yields no
+device events (a CPU, or a profiler failure) the timing falls back to the host clock around
+``block_until_ready``, and the result says so.
 """
 
 from __future__ import annotations
