@@ -83,23 +83,15 @@ _jit = functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("c
 # Whether a step whose rows all have nothing to fold skips the fold kernel (`lax.cond`, on the
 # device). H200 measurements in benchmarks/NOTES.md run 7.
 SKIP_IDLE_FOLD = True
-# Below which batch size the Pallas split replay verify folds the flush rows in its stream kernel,
-# where the checkpoint is read anyway (`replay_verify.fold_and_replay_verify`), in place of the
-# fold kernel before it, by kind of step ("window": T > 1, "decode": T = 1, "decode-together":
-# T = 1 with `SpecConfig.fold_together`; None: at every size). The fused fold's code costs the stream
-# occupancy in every step (no fold: 213 -> 190 us at B=256), and skipping the fused stream with a
-# `lax.cond` made XLA copy the rings (run 9); a fold kernel of its own needs enough folding rows to
-# fill the GPU. H200 run 19 (benchmarks/NOTES.md), fold kernel at 441 us (B=256), windows fused /
-# apart, verify traffic: B=16 35.6 / 34.6, 32 50.9 / 58.5, 64 88.7 / 96.0, 128 162.2 / 170.2, 256
-# 311.7 / 313.3, 512 605.0 / 598.9 us; the mixed step: 46.5 / 43.1, 60.5 / 68.0, 106.1 / 112.6,
-# 191.2 / 195.0, 369.6 / 361.8, 716.2 / 684.9 (B=16 left fused: 1-3 us). Decode (run 17, B=256):
-# out of phase 205.5 fused against 225.5 apart. Run 24, the fold kernel at 398 us (its cache
-# prefetches), fused / apart: B=128 mixed step 191.4 / 184.1, no fold 114.2 / 103.5, every row
-# folding 351.1 / 311.7, verify traffic 163.3 / 166.0; B=64 mixed 105.1 / 106.7 (no fold 66.2 /
-# 60.6), B=32 mixed 59.4 / 65.1: apart from 128 rows. Run 25, decode at L=16, fused / apart: B=256
-# in phase 204.8 / 193.7, out of phase 204.0 / 222.7 (B=64 61.6 / 57.6, 59.2 / 71.9), so decode
-# stays fused; with `fold_together` (8 records), whose steps fold many rows at once, apart wins
-# both ways: B=256 208.5 / 197.3 and 214.3 / 205.3, B=64 62.7 / 59.0, 64.0 / 61.5.
+# Below which batch size the Pallas split replay verify folds the flush rows in its checkpoint
+# stream, which reads the checkpoints anyway, instead of in the fold kernel before it; by kind
+# of step ("window": T > 1, "decode": T = 1, "decode-together": T = 1 with
+# `SpecConfig.fold_together`; None: at every size). The fused fold costs the stream occupancy
+# in every step (a `lax.cond` around it made XLA copy the rings), and a fold kernel of its own
+# needs enough folding rows to fill the GPU. H200 (benchmarks/NOTES.md runs 19, 24, 25): windows
+# fold apart from 128 rows; decode keeps the fold in its stream (B=256 in phase 204.8 against
+# 193.7 us apart, out of phase 204.0 against 222.7) unless its rows fold together, whose steps
+# fold many rows at once (apart: 197.3 / 205.3 against 208.5 / 214.3).
 FUSE_FOLD_BELOW = {"window": 128, "decode": None, "decode-together": 0}
 # Whether the one-kernel replay verify forms (UT, vector: B < 16 windows, B < 64 decode) fold
 # the flush rows in their programs, in place of the fold kernel in a `lax.cond` before them.
