@@ -204,13 +204,22 @@ def bits(x):
 # ----------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("form", FORMS)
+# Opt-in launches of a form, tested as the forms are: (form, keyword arguments of its kernel).
+FORM_OPTIONS = {"split-history-scan": ("split", dict(coefficient_history_scan=True))}
+
+
+@pytest.mark.parametrize("form", [*FORMS, *FORM_OPTIONS])
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 def test_replay_verify(c: Case, form, interpret):
   """Kernel and reference against the oracle; every ring entry written exactly or untouched."""
   inp = make_inputs(c)
-  kernel_out = replay_verify(**inp, tuning=KernelTuning(block_v=c.block_v),
-                             dot_precision=c.precision, interpret=interpret, form=form)
+  launch = dict(tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
+                interpret=interpret)
+  if form in FORM_OPTIONS:
+    assert FORM_OPTIONS[form][0] == "split"
+    kernel_out = replay_split.replay_verify_split(**inp, **launch, **FORM_OPTIONS[form][1])
+  else:
+    kernel_out = replay_verify(**inp, **launch, form=form)
   ref_out = reference_jit(**inp)
   o_oracle, d_oracle = np_oracle(inp)
   tol = c.tol
@@ -257,7 +266,8 @@ def test_replay_verify(c: Case, form, interpret):
 SPLIT_VARIANTS = dict(all_dots=dict(coefficient_inline=None),
                       single_rows_inline=dict(coefficient_inline=0),
                       cuda_core_keys=dict(coefficient_key_mma=False),
-                      tensor_core_keys=dict(coefficient_key_mma=True))
+                      tensor_core_keys=dict(coefficient_key_mma=True),
+                      history_scan=dict(coefficient_history_scan=True))
 
 
 DECODE_CASE = dataclasses.replace(CASES[0], T=1, why="a decode window: every product a row")

@@ -46,6 +46,45 @@ def history_weights(write_pos, cache_base, g_ring):
   return jnp.exp(jnp.sum(g_hist)), w, valid
 
 
+class ReversedHistory(NamedTuple):
+  """The ring history of a row in reversed logical order, for `history_weights_scan`.
+
+  Place ``m`` of ``[L]`` stands for logical record ``L - 2 - m``: the last place (``m = L - 1``,
+  record -1) is the start of the history, and record ``L - 1`` has no place, as a verify's
+  history never holds it (a window of T >= 1 records follows it inside the ring).
+  """
+
+  cols: jax.Array  # [L] physical ring position of each place's record (record -1: L - 1's)
+  valid: jax.Array  # [L] the places whose record is history (logically before write_pos)
+  next_cols: jax.Array  # [L] physical position of the record after each place's
+  next_valid: jax.Array  # [L] whether that record is history
+  last: jax.Array  # [L] the place of record -1
+
+
+def reversed_history(write_pos, cache_base, L: int) -> ReversedHistory:
+  """`ReversedHistory` of a row with cursors ``write_pos`` (at most L - 1) and ``cache_base``."""
+  m = jax.lax.broadcasted_iota(jnp.int32, (L,), 0)
+  record = L - 2 - m
+  return ReversedHistory(cols=(cache_base + record) & (L - 1),
+                         valid=(record >= 0) & (record < write_pos),
+                         next_cols=(cache_base + record + 1) & (L - 1),
+                         next_valid=record + 1 < write_pos, last=m == L - 1)
+
+
+def history_weights_scan(hist: ReversedHistory, g_next):
+  """`history_weights` in `reversed_history`'s order, by a forward scan in place of the
+  ``[L, L]`` mask.
+
+  ``g_next [L]``: the gate of the record after each place's (``ring_g`` at ``hist.next_cols``,
+  zero where not ``hist.next_valid``). Its running sum is, at each place, the sum of the gates
+  logically after the place's record, with no cancellation; at the last place (record -1) the
+  whole history's. Returns ``(exp(G_m), w)``, ``w`` zero outside the history.
+  """
+  decays = jnp.exp(jax.lax.cumsum(g_next, axis=0))
+  return (jnp.sum(jnp.where(hist.last, decays, 0.0)),
+          jnp.where(hist.valid, decays, 0.0))
+
+
 def load_history(ref, valid):
   """``ref [L, ...]`` (a ring's rows of one row and head, e.g. ``ring.at[slot, h, :, vs]``) at
   the valid records, zero elsewhere, in the ring's dtype.

@@ -51,6 +51,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from replayssm_jax import reference
 from replayssm_jax.config import next_power_of_two
@@ -58,9 +59,11 @@ from replayssm_jax.kernels import fold as fold_kernels
 from replayssm_jax.kernels.backend import KernelTuning, mma_algorithm, row_grid, row_ids
 from replayssm_jax.kernels.launch_order import fold_first_order_pallas
 from replayssm_jax.kernels.replay_parts import (WindowKeys, dot, dot_nt, gate_inputs,
-                                                history_mask, history_weights, key_inputs,
+                                                history_mask, history_weights,
+                                                history_weights_scan, key_inputs,
                                                 load_gates, load_history, load_keys,
-                                                normalise_rows, scatter_records, store_rows,
+                                                normalise_rows, reversed_history,
+                                                scatter_records, store_rows,
                                                 tile_program, window_gates, window_keys,
                                                 window_solve)
 
@@ -91,6 +94,13 @@ COEFFICIENT_KEY_MMA = None
 # profiled).
 COEFFICIENT_LOADS_FIRST = None
 LOADS_FIRST_MAX_PROGRAMS = 1024
+# Whether the history weights ``w`` come from a running sum over the history in reversed
+# logical order (`replay_parts.history_weights_scan`: the key rows and gates loaded in that
+# order, ``[Dh; Oh]`` stored back to the physical columns) in place of the ``[L, L]`` mask of
+# `replay_parts.history_weights`, per value head. Locally (triton 3.6, sm_90) the mask takes
+# 208 of the T=1 kernel's 1536 instructions and 31 of its 127 registers, and 256 of 2304 at
+# T=4. Not yet timed on the GPU (benchmarks/NOTES.md session 38).
+COEFFICIENT_HISTORY_SCAN = False
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -109,30 +119,51 @@ def _coefficients_kernel(
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
     *, T: int, L: int, gqa_ratio: int, inline: int | None, key_mma: bool, loads_first: bool,
-    scale: float, precision_k, precision_t):
+    history_scan: bool, scale: float, precision_k, precision_t):
   """One program per (row, key head): the key-side products once, then each of its value
-  heads."""
+  heads. With ``history_scan`` the history axis (of ``k_hist``, the products with it and
+  ``[Dh; Oh]`` until they are stored) is in `replay_parts.reversed_history`'s order."""
   del ring_beta_ref, ring_rawk_ref  # written only, through the aliased outputs
   row, kh = row_ids(2)
   slot = slot_ids_ref[row]
   T_pad = next_power_of_two(T)
-
-  def value_head_inputs(h):  # a value head's window gate inputs and its ring gates
-    return (gate_inputs(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T),
-            ring_g_ref[slot, h, :])
+  K = k_ref.shape[-1]
 
   @pl.when(slot >= 0)  # padding rows: the stream kernel reads none of this
   def _coefficients():
     write_pos, cache_base = write_pos_ref[row], cache_base_ref[row]
-    valid, _ = history_mask(write_pos, cache_base, L)
+    if history_scan:
+      hist = reversed_history(write_pos, cache_base, L)
+      load_k_hist = lambda: pltriton.load(
+          ring_k_ref.at[slot, kh, hist.cols[:, None],
+                        jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)],
+          mask=jnp.broadcast_to(hist.valid[:, None], (L, K)), other=0)
+      ring_gates = lambda h: pltriton.load(ring_g_ref.at[slot, h, hist.next_cols],
+                                           mask=hist.next_valid, other=0.0)
+    else:
+      valid, _ = history_mask(write_pos, cache_base, L)
+      load_k_hist = lambda: load_history(ring_k_ref.at[slot, kh, :, :], valid)
+      ring_gates = lambda h: ring_g_ref[slot, h, :]
+
+    def store_zh(h, half, z):  # Dh (half 0) or Oh (1), ``[T_pad, L]``
+      if history_scan:  # back to the physical columns of the stream's d history
+        rows = half * T_pad + jax.lax.broadcasted_iota(jnp.int32, (T_pad, 1), 0)
+        pltriton.store(zh_ref.at[row, h, rows, hist.cols[None, :]], z)
+      else:
+        zh_ref[row, h, pl.ds(half * T_pad, T_pad), :] = z
+
+    def value_head_inputs(h):  # a value head's window gate inputs and its ring gates
+      return (gate_inputs(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T),
+              ring_gates(h))
+
     if loads_first:  # every load of the key head and its value heads, then the arithmetic
       raw = key_inputs(q_ref, k_ref, row, kh, T)
-      k_hist = load_history(ring_k_ref.at[slot, kh, :, :], valid)  # [L, K] ring dtype
+      k_hist = load_k_hist()  # [L, K] ring dtype
       heads = [value_head_inputs(kh * gqa_ratio + i) for i in range(gqa_ratio)]
       win = window_keys(*raw, T, scale)
     else:
       win = load_keys(q_ref, k_ref, row, kh, T, scale)
-      k_hist = load_history(ring_k_ref.at[slot, kh, :, :], valid)
+      k_hist = load_k_hist()
     # The stream's X, raw, and its rows' norms, stored once every load is issued (the norms
     # scaling eq and Dy here, kept through the value heads, took the kernel from 126 to 154
     # registers and 26.3 to 29.7 us at B=256; benchmarks/NOTES.md run 27).
@@ -153,7 +184,6 @@ def _coefficients_kernel(
     # alive for stores after them. H200, B=256 (benchmarks/NOTES.md run 20, with the stream's
     # X stored here too): 30.2 -> 28.7 us, the same bits; the registers stayed at 128, so the
     # gain is most likely the schedule (not profiled further).
-    K = k_ref.shape[-1]
     cols_k = jax.lax.broadcasted_iota(jnp.int32, (1, K), 1)
     mask_k = jnp.broadcast_to(win.in_window[:, None], (T_pad, K))
     store_rows(ring_k_out_ref, (slot, kh, phys, cols_k), win.k_hat, mask_k)
@@ -166,14 +196,17 @@ def _coefficients_kernel(
         gates = window_gates(*gate_in, T)
       else:
         gates = load_gates(a_ref, b_ref, A_log_ref[h], dt_bias_ref[h], row, h, T)
-        g_ring = ring_g_ref[slot, h, :]
-      decay_all, w, _ = history_weights(write_pos, cache_base, g_ring)
+        g_ring = ring_gates(h)
+      if history_scan:
+        decay_all, w = history_weights_scan(hist, g_ring)
+      else:
+        decay_all, w, _ = history_weights(write_pos, cache_base, g_ring)
       C_q, C_k = XK_q * w[None, :], XK_k * w[None, :]
       Gamma, decay, Tinv = window_solve(gates.g_win, gates.beta_win, kk, T)
       exp_gamma = jnp.exp(Gamma)
       E = Tinv * (gates.beta_win * exp_gamma)[None, :]
-      zh_ref[row, h, pl.ds(0, T_pad), :] = -dot(E, C_k, precision_t, inline)  # Dh
-      zh_ref[row, h, pl.ds(T_pad, T_pad), :] = exp_gamma[:, None] * C_q  # Oh
+      store_zh(h, 0, -dot(E, C_k, precision_t, inline))  # Dh
+      store_zh(h, 1, exp_gamma[:, None] * C_q)  # Oh
       zt_ref[row, h, _P] = Tinv * gates.beta_win[None, :]
       zt_ref[row, h, _DY] = -decay_all * E
       zt_ref[row, h, _M] = decay * qk
@@ -273,6 +306,7 @@ class CoefficientLaunch(NamedTuple):
   inline: int | None
   key_mma: bool | None
   loads_first: bool | None
+  history_scan: bool | None = None  # None: `COEFFICIENT_HISTORY_SCAN`
 
 
 class _EpilogueInputs(NamedTuple):
@@ -376,23 +410,14 @@ COEFFICIENTS = ("pallas", "xla")
 # what the loads first hold through the loop would cost it one (sm_90 compile: 127 -> 160).
 STREAM_EARLIES = ("none", "loads", "products")
 STREAM_EARLY = "loads"
-# `fold_replay_verify_split` streams all rows in one launch of the stream with the fold; a
-# folding row's programs fold their tiles first (run 9). The fold's code costs every program
-# registers, so a step in which no row folds streams slower than the plain kernel (B=256: 181
-# against 158 us, benchmarks/NOTES.md run 10). The folding rows in a launch of their own, after
-# the plain stream of the others and only when some row folds (a `lax.cond`), lost where it
-# matters (run 11, B=256: verify traffic 331 -> 339 us, decode with the rows out of phase 223
-# -> 234): the folding programs no longer hide behind the other rows' streams. Removed in
-# session 34 (the code is in d5fe77a), as was the launch order below computed by XLA ops.
-#
-# Whether that launch starts the folding rows' programs first: its grid runs the rows in the
-# order of `launch_order.fold_first_order_pallas`, each row's programs together (H200, B=256,
-# run 13: one 2.0 us kernel, where XLA ops took 5.2 us). Without it the grid is
-# `backend.row_grid`'s: in "rows" order all rows of one head before the next head, so the
-# folding programs of the last heads start last and the step waits for them; in "tiles" order
-# the rows one after the other in index order. H200, B=256, against "rows" (benchmarks/NOTES.md
-# runs 12 and 13): decode with the rows out of phase 219.1 -> 208.2 us (205.1 with the order's
-# kernel), in phase about even; the stream itself is faster in every case.
+# `fold_replay_verify_split` streams all rows in one launch, a folding row's programs folding
+# their tiles first (run 9); the fold's code costs every program registers (B=256, no row
+# folding: 181 against the plain stream's 158 us, benchmarks/NOTES.md run 10), but a launch of
+# the folding rows of their own lost (run 11). Whether that launch starts the folding rows'
+# programs first, in the order of `launch_order.fold_first_order_pallas` (one 2.0 us kernel),
+# so the step does not wait on folding programs started last (`backend.row_grid`'s order):
+# H200, B=256 (runs 12 and 13), decode with the rows out of phase 219.1 -> 205.1 us, in phase
+# about even.
 STREAM_FOLD_FIRST = True
 # Whether the stream's fold loads record i + 1 before applying record i (`fold.fold_rows`).
 # Without, the stream is faster when no row folds (B=256: 223 -> 208 us) but the fold slower
@@ -413,7 +438,8 @@ STREAM_FOLD_PREFETCH_RECORDS_TO = "off"
 
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
-                 "coefficient_inline", "coefficient_key_mma", "coefficient_loads_first")
+                 "coefficient_inline", "coefficient_key_mma", "coefficient_loads_first",
+                 "coefficient_history_scan")
 
 
 @functools.partial(jax.jit, static_argnames=_SPLIT_STATIC)
@@ -423,7 +449,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         coefficients: str = "pallas", coefficient_warps: int = COEFFICIENT_WARPS,
                         coefficient_inline: int | None = COEFFICIENT_INLINE,
                         coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
-                        coefficient_loads_first: bool | None = COEFFICIENT_LOADS_FIRST):
+                        coefficient_loads_first: bool | None = COEFFICIENT_LOADS_FIRST,
+                        coefficient_history_scan: bool | None = None):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
@@ -432,7 +459,9 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   ``coefficient_inline`` multiplies (`replay_parts.dot`), its key history products on the
   tensor cores when ``coefficient_key_mma`` (`_key_products_mma`; None: from T = 2 on), every
   load issued before the arithmetic when ``coefficient_loads_first`` (None: by T and the
-  programs, `COEFFICIENT_LOADS_FIRST`), or ``"xla"``, batched XLA ops (`_coefficients_xla`).
+  programs, `COEFFICIENT_LOADS_FIRST`), its history weights by a running sum when
+  ``coefficient_history_scan`` (None: `COEFFICIENT_HISTORY_SCAN`), or ``"xla"``, batched XLA
+  ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
   o, _, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
@@ -440,7 +469,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                        tuning=tuning, fold=None, dot_precision=dot_precision,
                        interpret=interpret, launch=CoefficientLaunch(
                            coefficients, coefficient_warps, coefficient_inline,
-                           coefficient_key_mma, coefficient_loads_first))
+                           coefficient_key_mma, coefficient_loads_first,
+                           coefficient_history_scan))
   return o, *rings
 
 
@@ -460,7 +490,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficient_inline: int | None = COEFFICIENT_INLINE,
                              coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
                              coefficient_loads_first: bool | None = (
-                                 COEFFICIENT_LOADS_FIRST)):
+                                 COEFFICIENT_LOADS_FIRST),
+                             coefficient_history_scan: bool | None = None):
   """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
   `replay_verify_split`, with the fold inside the stream kernel.
 
@@ -503,7 +534,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          dot_precision=dot_precision, interpret=interpret,
                          launch=CoefficientLaunch(
                              coefficients, coefficient_warps, coefficient_inline,
-                             coefficient_key_mma, coefficient_loads_first))
+                             coefficient_key_mma, coefficient_loads_first,
+                             coefficient_history_scan))
   return o, ssm, *rings
 
 
@@ -585,6 +617,8 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
   *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
       functools.partial(_coefficients_kernel, scale=K ** -0.5, inline=launch.inline,
                         key_mma=key_mma, loads_first=loads_first,
+                        history_scan=(COEFFICIENT_HISTORY_SCAN if launch.history_scan is None
+                                      else launch.history_scan),
                         precision_k=mma(dot_precision, K), **common),
       out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
       grid=row_grid(B, H),
