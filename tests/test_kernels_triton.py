@@ -190,14 +190,20 @@ def test_replay_verify(c: replay_tests.Case, form, mode):
   check_replay_verify(c, form)
 
 
+# The split coefficients kernel's other settings: its two knobs off (on since NOTES run 36),
+# the window's own products written out rather than on the tensor cores (`WINDOW_MMA`, bf16
+# windows of 2-4 rows) and the value heads unrolled (`HEADS_LOOP`), the side wider windows
+# take; and the history weights by a running sum in logical order (`HISTORY_SCAN`).
+COEFFICIENT_KNOBS = {"knobs_off": dict(WINDOW_MMA=False, HEADS_LOOP=False),
+                     "history_scan": dict(HISTORY_SCAN=True)}
+
+
+@pytest.mark.parametrize("knobs", COEFFICIENT_KNOBS)
 @pytest.mark.parametrize("c", replay_tests.CASES, ids=[c.id for c in replay_tests.CASES])
-def test_split_coefficient_knobs(c: replay_tests.Case, mode, monkeypatch):
-  """The split form with its coefficients kernel's two knobs off (on since NOTES run 36): the
-  window's own products written out rather than on the tensor cores (`WINDOW_MMA`, bf16
-  windows of 2-4 rows) and the value heads unrolled (`HEADS_LOOP`), the side wider windows
-  take, checked as `test_replay_verify` checks it."""
-  monkeypatch.setattr(triton_split, "WINDOW_MMA", False)
-  monkeypatch.setattr(triton_split, "HEADS_LOOP", False)
+def test_split_coefficient_knobs(c: replay_tests.Case, knobs, mode, monkeypatch):
+  """The split form with `COEFFICIENT_KNOBS`, checked as `test_replay_verify` checks it."""
+  for name, value in COEFFICIENT_KNOBS[knobs].items():
+    monkeypatch.setattr(triton_split, name, value)
   jax.clear_caches()  # the jitted verify traces its launch, knobs and all
   try:
     check_replay_verify(c, "split")
@@ -383,13 +389,14 @@ def test_compiles_for_sm90_without_spills(geometry):
 
 
 @compiles
+@pytest.mark.parametrize("knobs", COEFFICIENT_KNOBS)
 @pytest.mark.parametrize("geometry", GEOMETRIES)
-def test_coefficient_knobs_compile_without_spills(geometry, monkeypatch):
-  """The split coefficients kernel with `test_split_coefficient_knobs`' knobs off compiles for
-  an H200 without spills at every geometry (NOTES run 36: 149 registers at the anchor against
-  the shipped 91, triton 3.6)."""
-  monkeypatch.setattr(triton_split, "WINDOW_MMA", False)
-  monkeypatch.setattr(triton_split, "HEADS_LOOP", False)
+def test_coefficient_knobs_compile_without_spills(geometry, knobs, monkeypatch):
+  """The split coefficients kernel with each of `COEFFICIENT_KNOBS` compiles for an H200
+  without spills at every geometry (NOTES run 36: 149 registers at the anchor against the
+  shipped 91 with the knobs off, triton 3.6)."""
+  for name, value in COEFFICIENT_KNOBS[knobs].items():
+    monkeypatch.setattr(triton_split, name, value)
   launches = {name: launch
               for name, launch in compile_check.launches(**GEOMETRIES[geometry]).items()
               if "coefficients" in name}

@@ -41,6 +41,17 @@ def history_weights(g_ring, p, write_pos, cache_base, L: tl.constexpr):
 
 
 @triton.jit
+def history_weights_scan(g_hist, valid, g_next, next_valid):
+  """`history_weights` of a history held in logical order: ``(exp(G_m), w)`` from the gates
+  ``g_hist`` of its records (``valid``: those in the history) and ``g_next`` of the record
+  after each (``next_valid``). ``w_j = exp(sum of the g after record j)``: a running sum from
+  the end (no cancellation), in place of the ``[P, P]`` mask."""
+  w = tl.where(valid, tile.exp(tl.cumsum(tl.where(next_valid, g_next, 0.0), axis=0,
+                                         reverse=True)), 0.0)
+  return tile.exp(tl.sum(tl.where(valid, g_hist, 0.0), axis=0)), w
+
+
+@triton.jit
 def window_rows(T: tl.constexpr, TP: tl.constexpr):
   """``(s, in_window, src)``: the TP window rows (rows past T pad the dots), those below T, and
   the token each reads (rows past T read token T - 1)."""

@@ -49,7 +49,8 @@ from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.triton import tile
 from replayssm_jax.kernels.triton.launch import Launch, run
 from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT,
-                                                       history_weights, mma,
+                                                       history_weights,
+                                                       history_weights_scan, mma,
                                                        unit_lower_inverse, window_chunk,
                                                        window_decay, window_norms, window_rows)
 
@@ -100,6 +101,13 @@ HEADS_LOOP = True
 # (benchmarks/NOTES.md run 30): the stream at B=256 205.4 -> 186.4 us, B=64 60.2 -> 55.3, B=16
 # 22.7 -> 20.6; registers 166 -> 130 (sm_90 compile).
 EPILOGUE_PRECISION = "tf32x3"
+# Whether the coefficients kernel holds the history in logical order and takes its weights from
+# a running sum (`replay_parts.history_weights_scan`) in place of the ``[LP, LP]`` mask, as
+# `kernels.replay_split.COEFFICIENT_HISTORY_SCAN` does in the Pallas kernel; the zh columns go
+# back to the physical rows the stream reads. Windows of up to SMALL_WINDOW_ROWS rows (at T=16,
+# L=32 it spills: 20 spill stores at 255 registers, sm_90 compile). Not yet timed
+# (benchmarks/NOTES.md session 38).
+HISTORY_SCAN = False
 
 
 @triton.jit
@@ -109,6 +117,18 @@ def _history_rows(write_pos, cache_base, L: tl.constexpr, LP: tl.constexpr):
   p = tl.arange(0, LP)
   logical = (p - cache_base) & (L - 1)
   return p, tl.minimum(p, L - 1), (p < L) & (logical < write_pos)
+
+
+@triton.jit
+def _logical_history(write_pos, cache_base, L: tl.constexpr, LP: tl.constexpr):
+  """`_history_rows` in logical order: ``(cols, valid, next_rows, next_valid)``, row j holding
+  logical record j, whose ring row (and zh column) is ``cols[j]``: a permutation of
+  ``0..LP-1``, the rows past L (never history) keeping their own; and the ring row of the
+  record after it, and whether that record is history."""
+  j = tl.arange(0, LP)
+  ring_rows = tl.where(j < L, (cache_base + j) & (L - 1), j)
+  next_rows = (cache_base + j + 1) & (L - 1)
+  return ring_rows, (j < L) & (j < write_pos), next_rows, (j + 1 < L) & (j + 1 < write_pos)
 
 
 @triton.jit
@@ -166,6 +186,7 @@ def _coefficients_kernel(
     T: tl.constexpr, TQ: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, KC: tl.constexpr, KEY_MMA: tl.constexpr,
     WINDOW_MMA: tl.constexpr, HEADS_UNROLL: tl.constexpr, PRECISION: tl.constexpr,
+    HISTORY_SCAN: tl.constexpr,
 ):
   """The window in ``TQ = next_power_of_two(T)`` rows, its own products written out in exact
   fp32 (`_inline_nt`), K-chunks small enough that a ``[TQ, LP, KC]`` product stays in
@@ -184,7 +205,12 @@ def _coefficients_kernel(
     q_scale, k_inv = window_norms(q_row, k_row, window_keys, K, KC, TQ)  # pass 1: the norms
 
     key_head = (slot * H + kh) * L  # ring row 0 of the key head (ring_k, ring_rawk)
-    p, ring_rows, valid = _history_rows(write_pos, cache_base, L, LP)
+    if HISTORY_SCAN:  # the history's rows in logical order, its zh columns permuted
+      zh_cols, valid, next_rows, next_valid = _logical_history(write_pos, cache_base, L, LP)
+      ring_rows = tl.minimum(zh_cols, L - 1)
+    else:
+      p, ring_rows, valid = _history_rows(write_pos, cache_base, L, LP)
+      zh_cols = p
     history_keys = ring_rows[:, None] * K + k_cols[None, :]  # [LP, KC]
     phys = (cache_base + write_pos + s) & (L - 1)  # the window's ring rows
     record_keys = phys[:, None] * K + k_cols[None, :]  # [TQ, KC]
@@ -230,8 +256,13 @@ def _coefficients_kernel(
     for i in tl.range(0, HV // H, loop_unroll_factor=HEADS_UNROLL):  # the key head's value heads
       h = kh * (HV // H) + i
       value_head = (slot * HV + h) * L  # ring row 0 of the value head (ring_g, ring_beta)
-      decay_all, w, _ = history_weights(tl.load(ring_g_in_ptr + value_head + ring_rows), p,
-                                        write_pos, cache_base, L)
+      if HISTORY_SCAN:
+        decay_all, w = history_weights_scan(
+            tl.load(ring_g_in_ptr + value_head + ring_rows), valid,
+            tl.load(ring_g_in_ptr + value_head + next_rows), next_valid)
+      else:
+        decay_all, w, _ = history_weights(tl.load(ring_g_in_ptr + value_head + ring_rows), p,
+                                          write_pos, cache_base, L)
       gates = first * HV + h + src * HV
       g, beta = tile.gating(tl.load(a_ptr + gates), tl.load(b_ptr + gates),
                             tl.load(A_log_ptr + h), tl.load(dt_bias_ptr + h))
@@ -244,7 +275,7 @@ def _coefficients_kernel(
       Oh = exp_gamma[:, None] * (XK_q * w[None, :])
 
       out = (row.to(tl.int64) * HV + h)  # the (row, value head)'s scratch
-      rows_h = s[:, None] * LP + p[None, :]  # [TQ, LP] of a [T, LP] matrix
+      rows_h = s[:, None] * LP + zh_cols[None, :]  # [TQ, LP] of a [T, LP] matrix
       tl.store(zh_ptr + out * 2 * T * LP + rows_h, Dh, mask=in_window[:, None])
       tl.store(zh_ptr + (out * 2 + 1) * T * LP + rows_h, Oh, mask=in_window[:, None])
       rows_t = s[:, None] * T + s[None, :]  # [TQ, TQ] of a [T, T] matrix
@@ -424,7 +455,8 @@ def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_l
       constexprs=dict(dims, TQ=TQ, XP=max(MIN_DOT, 2 * TQ), KC=kc, KEY_MMA=key_mma,
                       WINDOW_MMA=window_mma,
                       HEADS_UNROLL=1 if heads_loop else dims["HV"] // dims["H"],
-                      PRECISION=_key_precision(q, ring_k, dot_precision)),
+                      PRECISION=_key_precision(q, ring_k, dot_precision),
+                      HISTORY_SCAN=HISTORY_SCAN and TQ <= SMALL_WINDOW_ROWS),
       num_warps=COEFFICIENT_WARPS, num_stages=1)
 
 
