@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="s_pallas s_triton c" bash benchmarks/plan_h200.sh   # first call
-#   ITEMS="a_pallas a_triton b" bash benchmarks/plan_h200.sh   # the next, with what is left
+#   ITEMS="h s_pallas" bash benchmarks/plan_h200.sh   # first call
+#   ITEMS="h_triton c s_triton" bash benchmarks/plan_h200.sh   # the next, then "a_pallas a_triton b"
 # An item starts only while its estimate (seconds, from runs 36-37) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
@@ -14,7 +14,7 @@
 # (`mkdir -p ab_old && git archive 0530bae replayssm_jax | tar -x -C ab_old`).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"s_pallas s_triton c a_pallas a_triton b"}
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"h s_pallas h_triton c s_triton a_pallas a_triton b"}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -30,7 +30,7 @@ ROWS="rows=.|--set kernels.triton.VEC_BLOCK_V=32 --set kernels.triton.VEC_K_CHUN
 estimate() {
   case $1 in
     s_pallas) echo 300;; s_triton) echo 250;; c) echo 200;; a_pallas|a_triton) echo 150;;
-    b) echo 100;;
+    b|h_triton) echo 100;; h) echo 180;;
     *) echo 0;;
   esac
 }
@@ -63,13 +63,27 @@ command_of() {
     # in [32, 128] tiles (no K-loop, every load in flight at once) ~11-13, the split form ~16-18.
     c) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
       "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run38_triton_decode.json";;
+    # h. The coefficients kernel's history weights by a running sum (session 38; sm_90
+    # compile: T=1 1536 -> 1384 instructions, 127 -> 103 registers; T=4 2304 -> 2104): its
+    # variants alone, one call a kernel (T=1 B=256 15.0 -> 12.5-13.5 us, T=4 B=64 8.0-8.3 ->
+    # 7.4-7.7, T=4 B=256 ~26 -> 23.5-24.5), then the replay verify and decode cycle both ways.
+    h) echo "$PY -m replayssm_jax.bench.sweep --only coefficients --knobs coefficient_history_scan" \
+      "--T 4 1 --batch 64 256 --reps 20 --out \$OUT/sweep_run38_history_scan.json &&" \
+      "ARMS=\"mask=.|;scan=.|--set kernels.replay_split.COEFFICIENT_HISTORY_SCAN=True\"" \
+      "TAG=run38_history_scan ROUNDS=1 BENCH_ARGS=\"--paths kernels decode --batch 64 256" \
+      "--decode-rings 16 --reps 15 $extra\" $AB";;
+    # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102
+    # registers; T=4 1808 -> 1688): its coefficients kernel ~32 us at B=256, T=4 (run 35).
+    h_triton) echo "ARMS=\"mask=.|;scan=.|--set kernels.triton.replay_split.HISTORY_SCAN=True\"" \
+      "TAG=run38_history_scan_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths kernels" \
+      "decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     *) return 1;;
   esac
 }
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: s_pallas s_triton a_pallas a_triton b c)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: h h_triton s_pallas s_triton a_pallas a_triton b c)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi
