@@ -205,7 +205,12 @@ def bits(x):
 
 
 # Opt-in launches of a form, tested as the forms are: (form, keyword arguments of its kernel).
-FORM_OPTIONS = {"split-history-scan": ("split", dict(coefficient_history_scan=True))}
+FORM_OPTIONS = {
+    "split-history-scan": ("split", dict(coefficient_history_scan=True)),
+    "split-reciprocal-norms": ("split", dict(coefficient_reciprocal_norms=True)),
+    "split-both": ("split", dict(coefficient_history_scan=True,
+                                 coefficient_reciprocal_norms=True)),
+}
 
 
 @pytest.mark.parametrize("form", [*FORMS, *FORM_OPTIONS])

@@ -226,16 +226,19 @@ def _window_tokens(T: int):
   return tok, jnp.minimum(tok, T - 1)  # rows past T read token T - 1
 
 
-def load_keys(q_ref, k_ref, row, kh, T: int, scale: float) -> WindowKeys:
+def load_keys(q_ref, k_ref, row, kh, T: int, scale: float, *,
+              reciprocal: bool = False) -> WindowKeys:
   """q_hat and k_hat of ``row``'s window at key head kh, from ``[B, T, H, K]`` refs.
 
   `reference.l2_normalize` over whole K rows, as every kernel normalises (its sum's order
-  follows the tile's layout: the records can differ from XLA's in the last bit).
+  follows the tile's layout: the records can differ from XLA's in the last bit). With
+  ``reciprocal``, one division a row and a product an element (the scale folded into q's
+  factor) in place of a division an element: a bit more rounding, far fewer instructions.
   """
   tok, src = _window_tokens(T)
   in_window = tok < T
   k_raw = k_ref[row, src, kh, :]
-  return _window_keys(tok, in_window, q_ref[row, src, kh, :], k_raw, scale)
+  return _window_keys(tok, in_window, q_ref[row, src, kh, :], k_raw, scale, reciprocal)
 
 
 def key_inputs(q_ref, k_ref, row, kh, T: int):
@@ -245,10 +248,10 @@ def key_inputs(q_ref, k_ref, row, kh, T: int):
   return q_ref[row, src, kh, :], k_raw
 
 
-def window_keys(q_raw, k_raw, T: int, scale: float) -> WindowKeys:
+def window_keys(q_raw, k_raw, T: int, scale: float, *, reciprocal: bool = False) -> WindowKeys:
   """`load_keys` from the raw window (`key_inputs`)."""
   tok, _ = _window_tokens(T)
-  return _window_keys(tok, tok < T, q_raw, k_raw, scale)
+  return _window_keys(tok, tok < T, q_raw, k_raw, scale, reciprocal)
 
 
 def normalise_rows(x, rows=None) -> tuple[jax.Array, jax.Array]:
@@ -263,9 +266,20 @@ def normalise_rows(x, rows=None) -> tuple[jax.Array, jax.Array]:
   return jnp.where(rows[..., None], x / norm, 0.0), inverse
 
 
-def _window_keys(tok, in_window, q_raw, k_raw, scale: float) -> WindowKeys:
+def _window_keys(tok, in_window, q_raw, k_raw, scale: float, reciprocal: bool) -> WindowKeys:
+  if reciprocal:
+    s_q, s_k = (jnp.where(in_window, 1.0 / _norms(x), 0.0) for x in (q_raw, k_raw))
+    s_q = s_q * scale
+    q_hat, k_hat = (x.astype(jnp.float32) * s[:, None] for x, s in ((q_raw, s_q), (k_raw, s_k)))
+    return WindowKeys(tok, in_window, k_raw, q_hat, k_hat, q_raw, s_q, s_k)
   (q_hat, s_q), (k_hat, s_k) = (normalise_rows(x, in_window) for x in (q_raw, k_raw))
   return WindowKeys(tok, in_window, k_raw, q_hat * scale, k_hat, q_raw, s_q * scale, s_k)
+
+
+def _norms(x):
+  """`reference.l2_normalize`'s norms of the rows of ``x`` (fp32, one axis less)."""
+  x = x.astype(jnp.float32)
+  return jnp.sqrt(jnp.sum(x * x, axis=-1) + reference.L2_EPS)
 
 
 def load_gates(a_ref, b_ref, A_log, dt_bias, row, h, T: int) -> WindowGates:

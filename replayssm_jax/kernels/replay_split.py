@@ -101,6 +101,14 @@ LOADS_FIRST_MAX_PROGRAMS = 1024
 # 208 of the T=1 kernel's 1536 instructions and 31 of its 127 registers, and 256 of 2304 at
 # T=4. Not yet timed on the GPU (benchmarks/NOTES.md session 38).
 COEFFICIENT_HISTORY_SCAN = False
+# Whether the window's q and k are normalised by one division a row and a product an element
+# (`replay_parts.load_keys`' ``reciprocal``) in place of an IEEE division an element (a
+# reciprocal, its refinement and a slow-path check each): locally (triton 3.6, sm_90) the
+# normalisation is 662 of the T=4 kernel's 2304 instructions at B=64. The records' k_hat may
+# move by an ulp (the fold replays raw k: no committed state sees it). The triton backend's
+# kernel took the same change in run 35: B=64 verify 61.6 -> 60.1 us, B=16 28.6 -> 26.2, B=256
+# even. Not yet timed here (benchmarks/NOTES.md session 38).
+COEFFICIENT_NORM_RECIPROCAL = False
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -119,7 +127,7 @@ def _coefficients_kernel(
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
     *, T: int, L: int, gqa_ratio: int, inline: int | None, key_mma: bool, loads_first: bool,
-    history_scan: bool, scale: float, precision_k, precision_t):
+    history_scan: bool, reciprocal_norms: bool, scale: float, precision_k, precision_t):
   """One program per (row, key head): the key-side products once, then each of its value
   heads. With ``history_scan`` the history axis (of ``k_hist``, the products with it and
   ``[Dh; Oh]`` until they are stored) is in `replay_parts.reversed_history`'s order."""
@@ -160,9 +168,9 @@ def _coefficients_kernel(
       raw = key_inputs(q_ref, k_ref, row, kh, T)
       k_hist = load_k_hist()  # [L, K] ring dtype
       heads = [value_head_inputs(kh * gqa_ratio + i) for i in range(gqa_ratio)]
-      win = window_keys(*raw, T, scale)
+      win = window_keys(*raw, T, scale, reciprocal=reciprocal_norms)
     else:
-      win = load_keys(q_ref, k_ref, row, kh, T, scale)
+      win = load_keys(q_ref, k_ref, row, kh, T, scale, reciprocal=reciprocal_norms)
       k_hist = load_k_hist()
     # The stream's X, raw, and its rows' norms, stored once every load is issued (the norms
     # scaling eq and Dy here, kept through the value heads, took the kernel from 126 to 154
@@ -307,6 +315,7 @@ class CoefficientLaunch(NamedTuple):
   key_mma: bool | None
   loads_first: bool | None
   history_scan: bool | None = None  # None: `COEFFICIENT_HISTORY_SCAN`
+  reciprocal_norms: bool | None = None  # None: `COEFFICIENT_NORM_RECIPROCAL`
 
 
 class _EpilogueInputs(NamedTuple):
@@ -439,7 +448,7 @@ STREAM_FOLD_PREFETCH_RECORDS_TO = "off"
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
                  "coefficient_inline", "coefficient_key_mma", "coefficient_loads_first",
-                 "coefficient_history_scan")
+                 "coefficient_history_scan", "coefficient_reciprocal_norms")
 
 
 @functools.partial(jax.jit, static_argnames=_SPLIT_STATIC)
@@ -450,7 +459,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         coefficient_inline: int | None = COEFFICIENT_INLINE,
                         coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
                         coefficient_loads_first: bool | None = COEFFICIENT_LOADS_FIRST,
-                        coefficient_history_scan: bool | None = None):
+                        coefficient_history_scan: bool | None = None,
+                        coefficient_reciprocal_norms: bool | None = None):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
@@ -460,8 +470,9 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   tensor cores when ``coefficient_key_mma`` (`_key_products_mma`; None: from T = 2 on), every
   load issued before the arithmetic when ``coefficient_loads_first`` (None: by T and the
   programs, `COEFFICIENT_LOADS_FIRST`), its history weights by a running sum when
-  ``coefficient_history_scan`` (None: `COEFFICIENT_HISTORY_SCAN`), or ``"xla"``, batched XLA
-  ops (`_coefficients_xla`).
+  ``coefficient_history_scan`` (None: `COEFFICIENT_HISTORY_SCAN`), the window normalised by
+  one division a row when ``coefficient_reciprocal_norms`` (None:
+  `COEFFICIENT_NORM_RECIPROCAL`), or ``"xla"``, batched XLA ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
   o, _, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
@@ -470,7 +481,7 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                        interpret=interpret, launch=CoefficientLaunch(
                            coefficients, coefficient_warps, coefficient_inline,
                            coefficient_key_mma, coefficient_loads_first,
-                           coefficient_history_scan))
+                           coefficient_history_scan, coefficient_reciprocal_norms))
   return o, *rings
 
 
@@ -491,7 +502,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
                              coefficient_loads_first: bool | None = (
                                  COEFFICIENT_LOADS_FIRST),
-                             coefficient_history_scan: bool | None = None):
+                             coefficient_history_scan: bool | None = None,
+                             coefficient_reciprocal_norms: bool | None = None):
   """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
   `replay_verify_split`, with the fold inside the stream kernel.
 
@@ -535,7 +547,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          launch=CoefficientLaunch(
                              coefficients, coefficient_warps, coefficient_inline,
                              coefficient_key_mma, coefficient_loads_first,
-                             coefficient_history_scan))
+                             coefficient_history_scan, coefficient_reciprocal_norms))
   return o, ssm, *rings
 
 
@@ -619,6 +631,9 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
                         key_mma=key_mma, loads_first=loads_first,
                         history_scan=(COEFFICIENT_HISTORY_SCAN if launch.history_scan is None
                                       else launch.history_scan),
+                        reciprocal_norms=(COEFFICIENT_NORM_RECIPROCAL
+                                          if launch.reciprocal_norms is None
+                                          else launch.reciprocal_norms),
                         precision_k=mma(dot_precision, K), **common),
       out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
       grid=row_grid(B, H),
