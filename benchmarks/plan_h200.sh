@@ -24,13 +24,15 @@ PY=${PY:-python3}; export PY
 START=$(date +%s)
 AB="bash benchmarks/ab_h200.sh"
 SPLIT8="--set kernels.backend.SPLIT_MIN_BATCH={'window':16,'decode':8}"
+SCAN="--set kernels.replay_split.COEFFICIENT_HISTORY_SCAN=True"  # item h
+RECIP="--set kernels.replay_split.COEFFICIENT_NORM_RECIPROCAL=True"
 ROWS="rows=.|--set kernels.triton.VEC_BLOCK_V=32 --set kernels.triton.VEC_K_CHUNK=128"  # item c
 
 # An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
   case $1 in
     s_pallas) echo 300;; s_triton) echo 250;; c) echo 200;; a_pallas|a_triton) echo 150;;
-    b|h_triton) echo 100;; h) echo 180;;
+    b|h_triton) echo 100;; h) echo 300;;
     *) echo 0;;
   esac
 }
@@ -63,14 +65,17 @@ command_of() {
     # in [32, 128] tiles (no K-loop, every load in flight at once) ~11-13, the split form ~16-18.
     c) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
       "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run38_triton_decode.json";;
-    # h. The coefficients kernel's history weights by a running sum (session 38; sm_90
-    # compile: T=1 1536 -> 1384 instructions, 127 -> 103 registers; T=4 2304 -> 2104): its
-    # variants alone, one call a kernel (T=1 B=256 15.0 -> 12.5-13.5 us, T=4 B=64 8.0-8.3 ->
-    # 7.4-7.7, T=4 B=256 ~26 -> 23.5-24.5), then the replay verify and decode cycle both ways.
+    # h. The coefficients kernel's history weights by a running sum and its window normalised
+    # by a division a row (session 38; sm_90 compile, T=4 B=64: 2304 instructions, 2104 with
+    # the sum, 2216 with the reciprocals, 2024 both; T=1 1536 -> 1384 and 127 -> 103
+    # registers with the sum): the variants alone, one call a kernel (both: T=1 B=256 15.0 ->
+    # 12.5-13.5 us, T=4 B=64 8.0-8.3 -> 7.0-7.5, T=4 B=256 ~26 -> 23-24), then the replay
+    # verify and the decode cycle in four arms.
     h) echo "$PY -m replayssm_jax.bench.sweep --only coefficients --knobs coefficient_history_scan" \
-      "--T 4 1 --batch 64 256 --reps 20 --out \$OUT/sweep_run38_history_scan.json &&" \
-      "ARMS=\"mask=.|;scan=.|--set kernels.replay_split.COEFFICIENT_HISTORY_SCAN=True\"" \
-      "TAG=run38_history_scan ROUNDS=1 BENCH_ARGS=\"--paths kernels decode --batch 64 256" \
+      "coefficient_reciprocal_norms --T 4 1 --batch 64 256 --reps 20" \
+      "--out \$OUT/sweep_run38_coefficients.json &&" \
+      "ARMS=\"mask=.|;scan=.|$SCAN;recip=.|$RECIP;both=.|$SCAN $RECIP\"" \
+      "TAG=run38_coefficients ROUNDS=1 BENCH_ARGS=\"--paths kernels decode --batch 64 256" \
       "--decode-rings 16 --reps 15 $extra\" $AB";;
     # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102
     # registers; T=4 1808 -> 1688): its coefficients kernel ~32 us at B=256, T=4 (run 35).
