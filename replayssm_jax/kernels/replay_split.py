@@ -103,9 +103,10 @@ LOADS_FIRST_MAX_PROGRAMS = 1024
 COEFFICIENT_HISTORY_SCAN = False
 # Whether the window's q and k are normalised by one division a row and a product an element
 # (`replay_parts.load_keys`' ``reciprocal``) in place of an IEEE division an element (a
-# reciprocal, its refinement and a slow-path check each): locally (triton 3.6, sm_90) the
-# normalisation is 662 of the T=4 kernel's 2304 instructions at B=64. The records' k_hat may
-# move by an ulp (the fold replays raw k: no committed state sees it). The triton backend's
+# reciprocal, its refinement and a slow-path check each): locally (triton 3.6, sm_90) the T=4
+# kernel at B=64 2304 -> 2216 instructions (2104 -> 2024 with the running sum), T=1 1536 ->
+# 1512. The records' k_hat may move by an ulp (the fold replays raw k: no committed state
+# sees it; on the CPU cases they are as close to XLA's as the division's). The triton backend's
 # kernel took the same change in run 35: B=64 verify 61.6 -> 60.1 us, B=16 28.6 -> 26.2, B=256
 # even. Not yet timed here (benchmarks/NOTES.md session 38).
 COEFFICIENT_NORM_RECIPROCAL = False
