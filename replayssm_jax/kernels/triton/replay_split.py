@@ -126,9 +126,9 @@ def _logical_history(write_pos, cache_base, L: tl.constexpr, LP: tl.constexpr):
   ``0..LP-1``, the rows past L (never history) keeping their own; and the ring row of the
   record after it, and whether that record is history."""
   j = tl.arange(0, LP)
-  ring_rows = tl.where(j < L, (cache_base + j) & (L - 1), j)
+  cols = tl.where(j < L, (cache_base + j) & (L - 1), j)
   next_rows = (cache_base + j + 1) & (L - 1)
-  return ring_rows, (j < L) & (j < write_pos), next_rows, (j + 1 < L) & (j + 1 < write_pos)
+  return cols, (j < L) & (j < write_pos), next_rows, (j + 1 < L) & (j + 1 < write_pos)
 
 
 @triton.jit
