@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="h s_pallas" bash benchmarks/plan_h200.sh   # first call
-#   ITEMS="h_triton c s_triton" bash benchmarks/plan_h200.sh   # the next, then "a_pallas a_triton b"
+#   ITEMS="h h_ab h_triton" bash benchmarks/plan_h200.sh   # first call
+#   ITEMS="s_pallas c" bash benchmarks/plan_h200.sh   # the next; then "s_triton a_pallas", "a_triton b"
 # An item starts only while its estimate (seconds, from runs 36-37) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
@@ -14,7 +14,7 @@
 # (`mkdir -p ab_old && git archive 0530bae replayssm_jax | tar -x -C ab_old`).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"h s_pallas h_triton c s_triton a_pallas a_triton b"}
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"h h_ab h_triton s_pallas c s_triton a_pallas a_triton b"}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -32,7 +32,7 @@ ROWS="rows=.|--set kernels.triton.VEC_BLOCK_V=32 --set kernels.triton.VEC_K_CHUN
 estimate() {
   case $1 in
     s_pallas) echo 300;; s_triton) echo 250;; c) echo 200;; a_pallas|a_triton) echo 150;;
-    b|h_triton) echo 100;; h) echo 300;;
+    b) echo 100;; h|h_triton) echo 150;; h_ab) echo 200;;
     *) echo 0;;
   esac
 }
@@ -67,16 +67,16 @@ command_of() {
       "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run38_triton_decode.json";;
     # h. The coefficients kernel's history weights by a running sum and its window normalised
     # by a division a row (session 38; sm_90 compile, T=4 B=64: 2304 instructions, 2104 with
-    # the sum, 2216 with the reciprocals, 2024 both; T=1 1536 -> 1384 and 127 -> 103
-    # registers with the sum): the variants alone, one call a kernel (both: T=1 B=256 15.0 ->
-    # 12.5-13.5 us, T=4 B=64 8.0-8.3 -> 7.0-7.5, T=4 B=256 ~26 -> 23-24), then the replay
-    # verify and the decode cycle in four arms.
+    # the sum, 2216 with the reciprocals; T=1 1536 -> 1384 and 127 -> 103 registers with the
+    # sum): each knob's kernels, one call a kernel (the sum: T=1 B=256 15.0 -> 12.5-13.5 us,
+    # T=4 B=64 8.0-8.3 -> 7.4-7.7, T=4 B=256 ~26 -> 23.5-24.5; the reciprocals -0.2 to -0.4
+    # at B=64). h_ab: the replay verify and the decode cycle with both knobs (B=64 verify
+    # -0.6 to -1.1 us, the B=256 decode step -1.5 to -2.5).
     h) echo "$PY -m replayssm_jax.bench.sweep --only coefficients --knobs coefficient_history_scan" \
       "coefficient_reciprocal_norms --T 4 1 --batch 64 256 --reps 20" \
-      "--out \$OUT/sweep_run38_coefficients.json &&" \
-      "ARMS=\"mask=.|;scan=.|$SCAN;recip=.|$RECIP;both=.|$SCAN $RECIP\"" \
-      "TAG=run38_coefficients ROUNDS=1 BENCH_ARGS=\"--paths kernels decode --batch 64 256" \
-      "--decode-rings 16 --reps 15 $extra\" $AB";;
+      "--out \$OUT/sweep_run38_coefficients.json";;
+    h_ab) echo "ARMS=\"mask=.|;both=.|$SCAN $RECIP\" TAG=run38_coefficients ROUNDS=1" \
+      "BENCH_ARGS=\"--paths kernels decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102
     # registers; T=4 1808 -> 1688): its coefficients kernel ~32 us at B=256, T=4 (run 35).
     h_triton) echo "ARMS=\"mask=.|;scan=.|--set kernels.triton.replay_split.HISTORY_SCAN=True\"" \
@@ -88,7 +88,7 @@ command_of() {
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: h h_triton s_pallas s_triton a_pallas a_triton b c)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: h h_ab h_triton s_pallas s_triton a_pallas a_triton b c)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi
