@@ -26,13 +26,14 @@ AB="bash benchmarks/ab_h200.sh"
 SPLIT8="--set kernels.backend.SPLIT_MIN_BATCH={'window':16,'decode':8}"
 SCAN="--set kernels.replay_split.COEFFICIENT_HISTORY_SCAN=True"  # item h
 RECIP="--set kernels.replay_split.COEFFICIENT_NORM_RECIPROCAL=True"
+WMMA="--set kernels.replay_split.COEFFICIENT_WINDOW_MMA=True"
 ROWS="rows=.|--set kernels.triton.VEC_BLOCK_V=32 --set kernels.triton.VEC_K_CHUNK=128"  # item c
 
 # An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
   case $1 in
     s_pallas) echo 300;; s_triton) echo 250;; c) echo 200;; a_pallas|a_triton) echo 150;;
-    b) echo 100;; h|h_triton) echo 150;; h_ab) echo 200;;
+    b) echo 100;; h) echo 200;; h_triton) echo 150;; h_ab) echo 200;;
     *) echo 0;;
   esac
 }
@@ -65,17 +66,19 @@ command_of() {
     # in [32, 128] tiles (no K-loop, every load in flight at once) ~11-13, the split form ~16-18.
     c) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
       "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run38_triton_decode.json";;
-    # h. The coefficients kernel's history weights by a running sum and its window normalised
-    # by a division a row (session 38; sm_90 compile, T=4 B=64: 2304 instructions, 2104 with
-    # the sum, 2216 with the reciprocals; T=1 1536 -> 1384 and 127 -> 103 registers with the
-    # sum): each knob's kernels, one call a kernel (the sum: T=1 B=256 15.0 -> 12.5-13.5 us,
-    # T=4 B=64 8.0-8.3 -> 7.4-7.7, T=4 B=256 ~26 -> 23.5-24.5; the reciprocals -0.2 to -0.4
-    # at B=64). h_ab: the replay verify and the decode cycle with both knobs (B=64 verify
-    # -0.6 to -1.1 us, the B=256 decode step -1.5 to -2.5).
+    # h. The coefficients kernel's three opt-in knobs (session 38): its history weights by a
+    # running sum, its window normalised by a division a row, its window's own products on
+    # the tensor cores. sm_90 compile, T=4 B=64: 2304 instructions, 2104 / 2216 / 2056 with
+    # each, 1816 with all three (128 registers); T=1 1536 -> 1384 and 127 -> 103 registers
+    # with the sum. Each knob's kernels, one call a kernel (the sum: T=1 B=256 15.0 ->
+    # 12.5-13.5 us, T=4 B=64 8.0-8.3 -> 7.4-7.7; the reciprocals -0.2 to -0.4 at B=64; the
+    # window dot about as much as the sum at T=4). h_ab: the replay verify and the decode
+    # cycle with all three against none (B=64 verify -1 to -1.6 us, the B=256 decode step
+    # -1.5 to -2.5: the window dot does not apply at T=1).
     h) echo "$PY -m replayssm_jax.bench.sweep --only coefficients --knobs coefficient_history_scan" \
-      "coefficient_reciprocal_norms --T 4 1 --batch 64 256 --reps 20" \
+      "coefficient_reciprocal_norms coefficient_window_mma --T 4 1 --batch 64 256 --reps 20" \
       "--out \$OUT/sweep_run38_coefficients.json";;
-    h_ab) echo "ARMS=\"mask=.|;both=.|$SCAN $RECIP\" TAG=run38_coefficients ROUNDS=1" \
+    h_ab) echo "ARMS=\"none=.|;all=.|$SCAN $RECIP $WMMA\" TAG=run38_coefficients ROUNDS=1" \
       "BENCH_ARGS=\"--paths kernels decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102
     # registers; T=4 1808 -> 1688): its coefficients kernel ~32 us at B=256, T=4 (run 35).

@@ -210,7 +210,11 @@ FORM_OPTIONS = {
     "split-reciprocal-norms": ("split", dict(coefficient_reciprocal_norms=True)),
     "split-both": ("split", dict(coefficient_history_scan=True,
                                  coefficient_reciprocal_norms=True)),
+    "split-window-mma": ("split", dict(coefficient_window_mma=True)),
+    "split-all": ("split", dict(coefficient_history_scan=True, coefficient_reciprocal_norms=True,
+                                coefficient_window_mma=True)),
 }
+BF16_ONLY = {"split-window-mma", "split-all"}  # options for bf16 activations
 
 
 @pytest.mark.parametrize("form", [*FORMS, *FORM_OPTIONS])
@@ -220,6 +224,8 @@ def test_replay_verify(c: Case, form, interpret):
   inp = make_inputs(c)
   launch = dict(tuning=KernelTuning(block_v=c.block_v), dot_precision=c.precision,
                 interpret=interpret)
+  if form in BF16_ONLY and c.act != "bfloat16":
+    pytest.skip("an option for bf16 activations")
   if form in FORM_OPTIONS:
     assert FORM_OPTIONS[form][0] == "split"
     kernel_out = replay_split.replay_verify_split(**inp, **launch, **FORM_OPTIONS[form][1])
@@ -512,6 +518,9 @@ def test_knob_validation():
   with pytest.raises(ValueError, match="coefficients='cublas' is unknown"):
     replay_split.replay_verify_split(**inp, tuning=KernelTuning(block_v=16),
                                      dot_precision="ieee", interpret=True, coefficients="cublas")
+  with pytest.raises(ValueError, match="coefficient_window_mma needs bfloat16 activations"):
+    replay_split.replay_verify_split(**inp, tuning=KernelTuning(block_v=16), dot_precision="ieee",
+                                     interpret=True, coefficient_window_mma=True)
   with pytest.raises(ValueError, match="STREAM_EARLY='always' is unknown"):
     _under_knob(replay_split, "STREAM_EARLY", "always", lambda: replay_split.replay_verify_split(
         **inp, tuning=KernelTuning(block_v=16), dot_precision="ieee", interpret=True))

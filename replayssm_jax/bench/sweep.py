@@ -78,7 +78,8 @@ SPLIT_VARIANTS = (
        dict(coefficient_key_mma=False), dict(coefficient_key_mma=True),  # key products' cores
        dict(coefficient_loads_first=False), dict(coefficient_loads_first=True),  # load order
        dict(coefficient_history_scan=False), dict(coefficient_history_scan=True),  # weights
-       dict(coefficient_reciprocal_norms=False), dict(coefficient_reciprocal_norms=True)])
+       dict(coefficient_reciprocal_norms=False), dict(coefficient_reciprocal_norms=True),
+       dict(coefficient_window_mma=False), dict(coefficient_window_mma=True)])
 
 
 # Launches of the split form's checkpoint stream beside the default (`KernelTuning.

@@ -110,6 +110,15 @@ COEFFICIENT_HISTORY_SCAN = False
 # kernel took the same change in run 35: B=64 verify 61.6 -> 60.1 us, B=16 28.6 -> 26.2, B=256
 # even. Not yet timed here (benchmarks/NOTES.md session 38).
 COEFFICIENT_NORM_RECIPROCAL = False
+# Whether the window's own products ``q_hat k_hat^T`` and ``k_hat k_hat^T`` come from one
+# tensor-core dot of the raw window, ``[q; k] k^T`` in bf16 (exact products, fp32 sums), their
+# rows and columns then scaled by the inverse norms (`_window_products_mma`), in place of two
+# written-out ``[T_pad, T_pad, K]`` products whose sums over K are warp shuffles; as the triton
+# kernel's `WINDOW_MMA` since run 36. For bf16 activations and windows of 2 rows or more.
+# Locally (triton 3.6, sm_90), T=4: B=64 2304 -> 2056 instructions, 145 -> 140 registers;
+# B=256 2360 -> 2024; with the two knobs above as well 1816 and 1800 (128 and 123 registers).
+# Not yet timed (benchmarks/NOTES.md session 38).
+COEFFICIENT_WINDOW_MMA = False
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
 
@@ -128,7 +137,8 @@ def _coefficients_kernel(
     eq_ref,  # [B, HV, T_pad] f32
     ring_k_out_ref, ring_g_out_ref, ring_beta_out_ref, ring_rawk_out_ref,
     *, T: int, L: int, gqa_ratio: int, inline: int | None, key_mma: bool, loads_first: bool,
-    history_scan: bool, reciprocal_norms: bool, scale: float, precision_k, precision_t):
+    history_scan: bool, reciprocal_norms: bool, window_mma: bool, scale: float, precision_k,
+    precision_t, precision_w):
   """One program per (row, key head): the key-side products once, then each of its value
   heads. With ``history_scan`` the history axis (of ``k_hist``, the products with it and
   ``[Dh; Oh]`` until they are stored) is in `replay_parts.reversed_history`'s order."""
@@ -186,7 +196,10 @@ def _coefficients_kernel(
     else:
       k_hist = k_hist.astype(jnp.float32)
       XK_q, XK_k = (dot_nt(x, k_hist, precision_k, inline) for x in (win.q_hat, win.k_hat))
-    qk, kk = (dot_nt(x, win.k_hat, precision_t, inline) for x in (win.q_hat, win.k_hat))
+    if window_mma:
+      qk, kk = _window_products_mma(win, precision_w)
+    else:
+      qk, kk = (dot_nt(x, win.k_hat, precision_t, inline) for x in (win.q_hat, win.k_hat))
     phys = ((cache_base + write_pos + win.tok) & (L - 1))[:, None]  # [T_pad, 1]
 
     # The window's key records before the value heads, which no longer keep k_hat and raw k
@@ -237,12 +250,29 @@ def _key_products_mma(win: WindowKeys, k_hist, precision):
   (Run 20 split X in two bf16 parts for two bf16 dots against a bf16 ring, finer than tf32
   and 8% fewer instructions, but 160 registers against 128: slower, removed.)
   """
-  T_pad, K = win.q_hat.shape
-  spread = lambda x: jnp.broadcast_to(x[None], (2, T_pad, K)).reshape(2 * T_pad, K)
-  r = jax.lax.broadcasted_iota(jnp.int32, (2 * T_pad, 1), 0)
-  X = jnp.where(r < T_pad, spread(win.q_hat), spread(win.k_hat))
+  X = _stacked(win.q_hat, win.k_hat)
   XK_q, XK_k = jnp.split(dot_nt(X, k_hist.astype(jnp.float32), precision), 2, axis=0)
   return XK_q, XK_k
+
+
+def _window_products_mma(win: WindowKeys, precision):
+  """``(q_hat k_hat^T, k_hat k_hat^T)``, ``[T_pad, T_pad]`` each, from one tensor-core dot of
+  the raw window: ``[q; k] k^T`` with bf16 operands (``precision``: bf16), whose products are
+  exact and whose sums are fp32, then each row and column scaled by its inverse norm (``q_hat =
+  diag(s_q) q``). Only for bf16 activations: fp32 operands would round to tf32."""
+  q_raw, k_raw = win.raw_rows()
+  XX_q, XX_k = jnp.split(dot_nt(_stacked(q_raw, k_raw), k_raw, precision), 2, axis=0)
+  s_k = win.s_k[None, :]
+  return win.s_q[:, None] * XX_q * s_k, win.s_k[:, None] * XX_k * s_k
+
+
+def _stacked(x_q, x_k):
+  """``[x_q; x_k]``, ``[2 T_pad, K]``: each broadcast over the stack and selected by row, so no
+  row moves between threads (Triton has no row concatenation)."""
+  T_pad, K = x_q.shape
+  spread = lambda x: jnp.broadcast_to(x[None], (2, T_pad, K)).reshape(2 * T_pad, K)
+  r = jax.lax.broadcasted_iota(jnp.int32, (2 * T_pad, 1), 0)
+  return jnp.where(r < T_pad, spread(x_q), spread(x_k))
 
 
 def _coefficients_xla(q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_beta, ring_rawk,
@@ -317,6 +347,7 @@ class CoefficientLaunch(NamedTuple):
   loads_first: bool | None
   history_scan: bool | None = None  # None: `COEFFICIENT_HISTORY_SCAN`
   reciprocal_norms: bool | None = None  # None: `COEFFICIENT_NORM_RECIPROCAL`
+  window_mma: bool | None = None  # None: `COEFFICIENT_WINDOW_MMA` where it applies
 
 
 class _EpilogueInputs(NamedTuple):
@@ -449,7 +480,8 @@ STREAM_FOLD_PREFETCH_RECORDS_TO = "off"
 
 _SPLIT_STATIC = ("tuning", "dot_precision", "interpret", "coefficients", "coefficient_warps",
                  "coefficient_inline", "coefficient_key_mma", "coefficient_loads_first",
-                 "coefficient_history_scan", "coefficient_reciprocal_norms")
+                 "coefficient_history_scan", "coefficient_reciprocal_norms",
+                 "coefficient_window_mma")
 
 
 @functools.partial(jax.jit, static_argnames=_SPLIT_STATIC)
@@ -461,7 +493,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         coefficient_key_mma: bool | None = COEFFICIENT_KEY_MMA,
                         coefficient_loads_first: bool | None = COEFFICIENT_LOADS_FIRST,
                         coefficient_history_scan: bool | None = None,
-                        coefficient_reciprocal_norms: bool | None = None):
+                        coefficient_reciprocal_norms: bool | None = None,
+                        coefficient_window_mma: bool | None = None):
   """`replay_verify.replay_verify` as coefficients, then the checkpoint stream.
 
   ``tuning.block_v`` and the launch parameters apply to the stream kernel, whose K-loop
@@ -473,7 +506,9 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   programs, `COEFFICIENT_LOADS_FIRST`), its history weights by a running sum when
   ``coefficient_history_scan`` (None: `COEFFICIENT_HISTORY_SCAN`), the window normalised by
   one division a row when ``coefficient_reciprocal_norms`` (None:
-  `COEFFICIENT_NORM_RECIPROCAL`), or ``"xla"``, batched XLA ops (`_coefficients_xla`).
+  `COEFFICIENT_NORM_RECIPROCAL`), its window's own products on the tensor cores when
+  ``coefficient_window_mma`` (bf16 activations; None: `COEFFICIENT_WINDOW_MMA` from T = 2), or
+  ``"xla"``, batched XLA ops (`_coefficients_xla`).
   Inputs are checked by the caller.
   """
   o, _, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
@@ -482,7 +517,8 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                        interpret=interpret, launch=CoefficientLaunch(
                            coefficients, coefficient_warps, coefficient_inline,
                            coefficient_key_mma, coefficient_loads_first,
-                           coefficient_history_scan, coefficient_reciprocal_norms))
+                           coefficient_history_scan, coefficient_reciprocal_norms,
+                           coefficient_window_mma))
   return o, *rings
 
 
@@ -504,7 +540,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficient_loads_first: bool | None = (
                                  COEFFICIENT_LOADS_FIRST),
                              coefficient_history_scan: bool | None = None,
-                             coefficient_reciprocal_norms: bool | None = None):
+                             coefficient_reciprocal_norms: bool | None = None,
+                             coefficient_window_mma: bool | None = None):
   """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
   `replay_verify_split`, with the fold inside the stream kernel.
 
@@ -548,7 +585,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                          launch=CoefficientLaunch(
                              coefficients, coefficient_warps, coefficient_inline,
                              coefficient_key_mma, coefficient_loads_first,
-                             coefficient_history_scan, coefficient_reciprocal_norms))
+                             coefficient_history_scan, coefficient_reciprocal_norms,
+                             coefficient_window_mma))
   return o, ssm, *rings
 
 
@@ -619,6 +657,12 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
                              cache_base)
   mma = functools.partial(mma_algorithm, interpret=interpret)
   key_mma = T > 1 if launch.key_mma is None else launch.key_mma
+  window_mma = launch.window_mma
+  if window_mma is None:
+    window_mma = COEFFICIENT_WINDOW_MMA and T > 1 and q.dtype == jnp.bfloat16
+  elif window_mma and q.dtype != jnp.bfloat16:
+    raise ValueError(f"coefficient_window_mma needs bfloat16 activations (its products are "
+                     f"exact only for bf16 operands); q is {q.dtype}.")
   loads_first = ((T == 1 or B * H <= LOADS_FIRST_MAX_PROGRAMS)
                  if launch.loads_first is None else launch.loads_first)
   scratch = (jax.ShapeDtypeStruct((B, H, 2 * T_pad, K), q.dtype),
@@ -635,7 +679,8 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
                         reciprocal_norms=(COEFFICIENT_NORM_RECIPROCAL
                                           if launch.reciprocal_norms is None
                                           else launch.reciprocal_norms),
-                        precision_k=mma(dot_precision, K), **common),
+                        window_mma=window_mma, precision_k=mma(dot_precision, K),
+                        precision_w=mma("bf16", K), **common),
       out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
       grid=row_grid(B, H),
       input_output_aliases={len(inputs) - 4 + i: len(scratch) + i for i in range(4)},
