@@ -642,6 +642,11 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
   return o, ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)
 
 
+def _or(value, knob):
+  """``value``, or the module ``knob`` when it is None (read at trace time)."""
+  return knob if value is None else value
+
+
 def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_precision: str,
                   interpret: bool, common: dict):
   """One launch of `_coefficients_kernel` (or `_coefficients_xla`): ``(scratch, key_rings)``,
@@ -674,11 +679,8 @@ def _coefficients(window, key_rings, cursors, *, launch: CoefficientLaunch, dot_
   *scratch, ring_k, ring_g, ring_beta, ring_rawk = pl.pallas_call(
       functools.partial(_coefficients_kernel, scale=K ** -0.5, inline=launch.inline,
                         key_mma=key_mma, loads_first=loads_first,
-                        history_scan=(COEFFICIENT_HISTORY_SCAN if launch.history_scan is None
-                                      else launch.history_scan),
-                        reciprocal_norms=(COEFFICIENT_NORM_RECIPROCAL
-                                          if launch.reciprocal_norms is None
-                                          else launch.reciprocal_norms),
+                        history_scan=_or(launch.history_scan, COEFFICIENT_HISTORY_SCAN),
+                        reciprocal_norms=_or(launch.reciprocal_norms, COEFFICIENT_NORM_RECIPROCAL),
                         window_mma=window_mma, precision_k=mma(dot_precision, K),
                         precision_w=mma("bf16", K), **common),
       out_shape=(*scratch, *(jax.ShapeDtypeStruct(r.shape, r.dtype) for r in key_rings)),
