@@ -99,7 +99,8 @@ LOADS_FIRST_MAX_PROGRAMS = 1024
 # order, ``[Dh; Oh]`` stored back to the physical columns) in place of the ``[L, L]`` mask of
 # `replay_parts.history_weights`, per value head. Locally (triton 3.6, sm_90) the mask takes
 # 208 of the T=1 kernel's 1536 instructions and 31 of its 127 registers, and 256 of 2304 at
-# T=4. Not yet timed on the GPU (benchmarks/NOTES.md session 38).
+# T=4. H100 (benchmarks/NOTES.md run 38): the kernel at T=4 B=64 8.7 -> 8.1 us, T=1 B=256
+# 15.1 -> 13.0; off until an H200 run confirms it.
 COEFFICIENT_HISTORY_SCAN = False
 # Whether the window's q and k are normalised by one division a row and a product an element
 # (`replay_parts.load_keys`' ``reciprocal``) in place of an IEEE division an element (a
@@ -108,7 +109,7 @@ COEFFICIENT_HISTORY_SCAN = False
 # 1512. The records' k_hat may move by an ulp (the fold replays raw k: no committed state
 # sees it; on the CPU cases they are as close to XLA's as the division's). The triton backend's
 # kernel took the same change in run 35: B=64 verify 61.6 -> 60.1 us, B=16 28.6 -> 26.2, B=256
-# even. Not yet timed here (benchmarks/NOTES.md session 38).
+# even. Here (H100, benchmarks/NOTES.md run 38) the kernel stayed even at T=4: off.
 COEFFICIENT_NORM_RECIPROCAL = False
 # Whether the window's own products ``q_hat k_hat^T`` and ``k_hat k_hat^T`` come from one
 # tensor-core dot of the raw window, ``[q; k] k^T`` in bf16 (exact products, fp32 sums), their
@@ -117,7 +118,7 @@ COEFFICIENT_NORM_RECIPROCAL = False
 # kernel's `WINDOW_MMA` since run 36. For bf16 activations and windows of 2 rows or more.
 # Locally (triton 3.6, sm_90), T=4: B=64 2304 -> 2056 instructions, 145 -> 140 registers;
 # B=256 2360 -> 2024; with the two knobs above as well 1816 and 1800 (128 and 123 registers).
-# Not yet timed (benchmarks/NOTES.md session 38).
+# H100 (benchmarks/NOTES.md run 38): B=64 even, B=256 26.7 -> 25.8 us; off for now.
 COEFFICIENT_WINDOW_MMA = False
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
