@@ -6,7 +6,8 @@
 # An item starts only while its estimate (seconds, from runs 36-37) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
-# plan's own log ($OUT/plan.log) says which items ran, how long each took, and which were left.
+# plan's own log (plan.log) says which items ran, how long each took, and which were left; at the
+# end every log goes into $OUT/logs.tgz, since a device call returns at most 8 files.
 # DRY=1 prints the items' commands instead of running them; BENCH_EXTRA is added to every
 # benchmark's arguments (a CPU smoke run: PY=.venv/bin/python BENCH_EXTRA="--tiny --batch 2
 # --reps 2 --copy-gib 0.01" ITEMS="s_pallas a_pallas"). Needs the jax-triton wheel in .whl/
@@ -33,7 +34,7 @@ ROWS="rows=.|--set kernels.triton.VEC_BLOCK_V=32 --set kernels.triton.VEC_K_CHUN
 estimate() {
   case $1 in
     s_pallas) echo 300;; s_triton) echo 250;; c) echo 200;; a_pallas|a_triton) echo 150;;
-    b) echo 100;; h) echo 200;; h_triton) echo 150;; h_ab) echo 200;;
+    b) echo 100;; h) echo 200;; h_triton) echo 150;; h_ab) echo 200;; h_read) echo 150;;
     *) echo 0;;
   esac
 }
@@ -47,25 +48,25 @@ command_of() {
     # B=256 ~210; the split form below 64 rows faster than the vector form (B=16 ~16-18); the
     # triton vector form in whole-row [32, 128] tiles (item c) ~11-13 at B=16.
     s_pallas) echo "ARMS=\"old=ab_old|;warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
-      "TAG=run38_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
+      "TAG=run39_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
     s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|--triton-split-min-batch 16 8;$ROWS\"" \
-      "TAG=run38_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
+      "TAG=run39_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write); the triton backend for the first time.
-    a_pallas) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run38_flush" \
+    a_pallas) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run39_flush" \
       "ROUNDS=2 BENCH_ARGS=\"$flush $extra\" $AB";;
-    a_triton) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run38_flush_triton" \
+    a_triton) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run39_flush_triton" \
       "ROUNDS=2 BENCH_ARGS=\"$flush --backend triton $extra\" $AB";;
     # b. The coefficients kernel beside the stream's K-loop under clean L2 (run 30 measured it
     # under the write flush only: the pair's span 49.1 us against the loop's 41.9 at B=64).
     b) echo "XLA_FLAGS=\"--xla_gpu_command_buffer_scheduling_mode=CONCURRENT" \
       "--xla_gpu_graph_min_graph_size=1\" $PY tools/concurrency_probe.py --batch 64" \
-      "--l2-flush read --out \$OUT/probe_run38.json";;
+      "--l2-flush read --out \$OUT/probe_run39.json";;
     # c. The triton vector form's launches on HBM, one decode step a call (L2 flushed before
     # each): the shipped [128, 16] chunks ~21 us at B=16 (run 37's flushed steps), whole rows
     # in [32, 128] tiles (no K-loop, every load in flight at once) ~11-13, the split form ~16-18.
     c) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
-      "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run38_triton_decode.json";;
+      "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run39_triton_decode.json";;
     # h. The coefficients kernel's three opt-in knobs (session 38): its history weights by a
     # running sum, its window normalised by a division a row, its window's own products on
     # the tensor cores. sm_90 compile, T=4 B=64: 2304 instructions, 2104 / 2216 / 2056 with
@@ -77,13 +78,18 @@ command_of() {
     # -1.5 to -2.5: the window dot does not apply at T=1).
     h) echo "$PY -m replayssm_jax.bench.sweep --only coefficients --knobs coefficient_history_scan" \
       "coefficient_reciprocal_norms coefficient_window_mma --T 4 1 --batch 64 256 --reps 20" \
-      "--out \$OUT/sweep_run38_coefficients.json";;
-    h_ab) echo "ARMS=\"none=.|;all=.|$SCAN $RECIP $WMMA\" TAG=run38_coefficients ROUNDS=1" \
+      "--out \$OUT/sweep_run39_coefficients.json";;
+    h_ab) echo "ARMS=\"none=.|;all=.|$SCAN $RECIP $WMMA\" TAG=run39_coefficients ROUNDS=1" \
       "BENCH_ARGS=\"--paths kernels decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
+    # h_read: the two knobs that pay on the H100 (the running sum, the window dot) against
+    # none under the read flush, where run 36 left the B=64 verify at 48.3-48.6 us (73.7-74.5%
+    # of copy): predicted 47.3-47.8 (75-76%, #4's target), B=256 -2 to -3 us.
+    h_read) echo "ARMS=\"none=.|--l2-flush read;on=.|--l2-flush read $SCAN $WMMA\" TAG=run39_read" \
+      "ROUNDS=2 BENCH_ARGS=\"--paths kernels steps --batch 64 256 --reps 15 $extra\" $AB";;
     # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102
     # registers; T=4 1808 -> 1688): its coefficients kernel ~32 us at B=256, T=4 (run 35).
     h_triton) echo "ARMS=\"mask=.|;scan=.|--set kernels.triton.replay_split.HISTORY_SCAN=True\"" \
-      "TAG=run38_history_scan_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths kernels" \
+      "TAG=run39_history_scan_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths kernels" \
       "decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     *) return 1;;
   esac
@@ -91,7 +97,7 @@ command_of() {
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: h h_ab h_triton s_pallas s_triton a_pallas a_triton b c)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi
@@ -101,3 +107,7 @@ for item in $ITEMS; do
   tail -40 "$OUT/plan_$item.log"
   log "end $item: rc $rc, $(( $(date +%s) - t0 )) s"
 done
+# A device call returns at most 8 files: the logs go back as one archive beside the JSON.
+if [ "${DRY:-0}" != 1 ] && compgen -G "$OUT/*.log" > /dev/null; then
+  (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log)
+fi
