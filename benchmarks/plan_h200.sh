@@ -25,9 +25,12 @@ PY=${PY:-python3}; export PY
 START=$(date +%s)
 AB="bash benchmarks/ab_h200.sh"
 SPLIT8="--set kernels.backend.SPLIT_MIN_BATCH={'window':16,'decode':8}"
-SCAN="--set kernels.replay_split.COEFFICIENT_HISTORY_SCAN=True"  # item h
-RECIP="--set kernels.replay_split.COEFFICIENT_NORM_RECIPROCAL=True"
-WMMA="--set kernels.replay_split.COEFFICIENT_WINDOW_MMA=True"
+# Item h's knobs, set both ways in the arms (whatever the defaults): knob NAME VALUE.
+knob() { echo "--set kernels.$1=$2"; }
+NONE="$(knob replay_split.COEFFICIENT_HISTORY_SCAN False) $(knob replay_split.COEFFICIENT_NORM_RECIPROCAL False) $(knob replay_split.COEFFICIENT_WINDOW_MMA False)"
+SCAN=$(knob replay_split.COEFFICIENT_HISTORY_SCAN True)
+RECIP=$(knob replay_split.COEFFICIENT_NORM_RECIPROCAL True)
+WMMA=$(knob replay_split.COEFFICIENT_WINDOW_MMA True)
 ROWS="rows=.|--set kernels.triton.VEC_BLOCK_V=32 --set kernels.triton.VEC_K_CHUNK=128"  # item c
 
 # An item's estimate in seconds, and its command (run by `bash -c`).
@@ -79,16 +82,16 @@ command_of() {
     h) echo "$PY -m replayssm_jax.bench.sweep --only coefficients --knobs coefficient_history_scan" \
       "coefficient_reciprocal_norms coefficient_window_mma --T 4 1 --batch 64 256 --reps 20" \
       "--out \$OUT/sweep_run39_coefficients.json";;
-    h_ab) echo "ARMS=\"none=.|;all=.|$SCAN $RECIP $WMMA\" TAG=run39_coefficients ROUNDS=1" \
+    h_ab) echo "ARMS=\"none=.|$NONE;all=.|$SCAN $RECIP $WMMA\" TAG=run39_coefficients ROUNDS=1" \
       "BENCH_ARGS=\"--paths kernels decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     # h_read: the two knobs that pay on the H100 (the running sum, the window dot) against
     # none under the read flush, where run 36 left the B=64 verify at 48.3-48.6 us (73.7-74.5%
     # of copy): predicted 47.3-47.8 (75-76%, #4's target), B=256 -2 to -3 us.
-    h_read) echo "ARMS=\"none=.|--l2-flush read;on=.|--l2-flush read $SCAN $WMMA\" TAG=run39_read" \
+    h_read) echo "ARMS=\"none=.|--l2-flush read $NONE;on=.|--l2-flush read $SCAN $WMMA $(knob replay_split.COEFFICIENT_NORM_RECIPROCAL False)\" TAG=run39_read" \
       "ROUNDS=2 BENCH_ARGS=\"--paths kernels steps --batch 64 256 --reps 15 $extra\" $AB";;
     # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102
     # registers; T=4 1808 -> 1688): its coefficients kernel ~32 us at B=256, T=4 (run 35).
-    h_triton) echo "ARMS=\"mask=.|;scan=.|--set kernels.triton.replay_split.HISTORY_SCAN=True\"" \
+    h_triton) echo "ARMS=\"mask=.|$(knob triton.replay_split.HISTORY_SCAN False);scan=.|$(knob triton.replay_split.HISTORY_SCAN True)\"" \
       "TAG=run39_history_scan_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths kernels" \
       "decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     *) return 1;;
