@@ -213,10 +213,10 @@ def bits(x):
 
 # Opt-in launches of a form, tested as the forms are: (form, keyword arguments of its kernel).
 FORM_OPTIONS = {
-    "split-history-scan": ("split", dict(coefficient_history_scan=True)),
+    "split-history-mask": ("split", dict(coefficient_history_scan=False)),
     "split-reciprocal-norms": ("split", dict(coefficient_reciprocal_norms=True)),
-    "split-both": ("split", dict(coefficient_history_scan=True,
-                                 coefficient_reciprocal_norms=True)),
+    "split-mask-reciprocal": ("split", dict(coefficient_history_scan=False,
+                                            coefficient_reciprocal_norms=True)),
     "split-window-mma": ("split", dict(coefficient_window_mma=True)),
     "split-all": ("split", dict(coefficient_history_scan=True, coefficient_reciprocal_norms=True,
                                 coefficient_window_mma=True)),
@@ -293,7 +293,7 @@ SPLIT_VARIANTS = dict(all_dots=dict(coefficient_inline=None),
                       single_rows_inline=dict(coefficient_inline=0),
                       cuda_core_keys=dict(coefficient_key_mma=False),
                       tensor_core_keys=dict(coefficient_key_mma=True),
-                      history_scan=dict(coefficient_history_scan=True))
+                      history_mask=dict(coefficient_history_scan=False))
 
 
 DECODE_CASE = dataclasses.replace(CASES[0], T=1, why="a decode window: every product a row")

@@ -100,8 +100,8 @@ LOADS_FIRST_MAX_PROGRAMS = 1024
 # `replay_parts.history_weights`, per value head. Locally (triton 3.6, sm_90) the mask takes
 # 208 of the T=1 kernel's 1536 instructions and 31 of its 127 registers, and 256 of 2304 at
 # T=4. H100 (benchmarks/NOTES.md run 38): the kernel at T=4 B=64 8.7 -> 8.1 us, T=1 B=256
-# 15.1 -> 13.0; off until an H200 run confirms it.
-COEFFICIENT_HISTORY_SCAN = False
+# 15.1 -> 13.0, T=4 B=256 26.7 -> 25.2; on since session 39 (the tables' H200 runs had it off).
+COEFFICIENT_HISTORY_SCAN = True
 # Whether the window's q and k are normalised by one division a row and a product an element
 # (`replay_parts.load_keys`' ``reciprocal``) in place of an IEEE division an element (a
 # reciprocal, its refinement and a slow-path check each): locally (triton 3.6, sm_90) the T=4

@@ -106,9 +106,9 @@ EPILOGUE_PRECISION = "tf32x3"
 # `kernels.replay_split.COEFFICIENT_HISTORY_SCAN` does in the Pallas kernel; the zh columns go
 # back to the physical rows the stream reads. Windows of up to SMALL_WINDOW_ROWS rows (at T=16,
 # L=32 it spills: 20 spill stores at 255 registers, sm_90 compile). H100 (benchmarks/NOTES.md
-# run 38): B=256 verify 240.3 -> 239.0 us, decode 255.1 -> 253.6, B=64 even; off until an H200
-# run confirms it.
-HISTORY_SCAN = False
+# run 38): B=256 verify 240.3 -> 239.0 us, decode 255.1 -> 253.6, B=64 even; on since
+# session 39 (the tables' H200 runs had it off).
+HISTORY_SCAN = True
 
 
 @triton.jit
