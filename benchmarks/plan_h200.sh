@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="h h_ab h_triton" bash benchmarks/plan_h200.sh   # first call
+#   ITEMS="h h_ab h_read" bash benchmarks/plan_h200.sh   # first call
 #   ITEMS="s_pallas c" bash benchmarks/plan_h200.sh   # the next; then "s_triton a_pallas", "a_triton b"
 # An item starts only while its estimate (seconds, from runs 36-37) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
