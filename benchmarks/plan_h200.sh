@@ -70,7 +70,7 @@ command_of() {
     # in [32, 128] tiles (no K-loop, every load in flight at once) ~11-13, the split form ~16-18.
     c) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
       "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run39_triton_decode.json";;
-    # h. The coefficients kernel's three opt-in knobs (session 38): its history weights by a
+    # h. The coefficients kernel's three knobs (session 38; the first on since session 39): its history weights by a
     # running sum, its window normalised by a division a row, its window's own products on
     # the tensor cores. sm_90 compile, T=4 B=64: 2304 instructions, 2104 / 2216 / 2056 with
     # each, 1816 with all three (128 registers); T=1 1536 -> 1384 and 127 -> 103 registers
@@ -86,7 +86,7 @@ command_of() {
       "BENCH_ARGS=\"--paths kernels decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     # h_read: the two knobs that pay on the H100 (the running sum, the window dot) against
     # none under the read flush, where run 36 left the B=64 verify at 48.3-48.6 us (73.7-74.5%
-    # of copy): predicted 47.3-47.8 (75-76%, #4's target), B=256 -2 to -3 us.
+    # of copy): predicted 47.6-47.9 (74.9-75.6%, #4's 75%), B=256 -1.5 to -2.5 us.
     h_read) echo "ARMS=\"none=.|--l2-flush read $NONE;on=.|--l2-flush read $SCAN $WMMA $(knob replay_split.COEFFICIENT_NORM_RECIPROCAL False)\" TAG=run39_read" \
       "ROUNDS=2 BENCH_ARGS=\"--paths kernels steps --batch 64 256 --reps 15 $extra\" $AB";;
     # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102

@@ -190,11 +190,11 @@ def test_replay_verify(c: replay_tests.Case, form, mode):
   check_replay_verify(c, form)
 
 
-# The split coefficients kernel's other settings: its two knobs off (on since NOTES run 36),
-# the window's own products written out rather than on the tensor cores (`WINDOW_MMA`, bf16
-# windows of 2-4 rows) and the value heads unrolled (`HEADS_LOOP`), the side wider windows
-# take; and the history weights from the ``[LP, LP]`` mask rather than a running sum in
-# logical order (`HISTORY_SCAN`, on since session 39).
+# The split coefficients kernel's other settings: its knobs off, i.e. the window's own products
+# written out rather than on the tensor cores (`WINDOW_MMA`, bf16 windows of 2-4 rows) and the
+# value heads unrolled (`HEADS_LOOP`), the side wider windows take (both on since NOTES run
+# 36), and the history weights from the ``[LP, LP]`` mask rather than a running sum in logical
+# order (`HISTORY_SCAN`, on since session 39); and the mask alone.
 COEFFICIENT_KNOBS = {"knobs_off": dict(WINDOW_MMA=False, HEADS_LOOP=False, HISTORY_SCAN=False),
                      "history_mask": dict(HISTORY_SCAN=False)}
 
