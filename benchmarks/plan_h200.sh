@@ -70,8 +70,9 @@ command_of() {
     # in [32, 128] tiles (no K-loop, every load in flight at once) ~11-13, the split form ~16-18.
     c) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
       "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run39_triton_decode.json";;
-    # h. The coefficients kernel's three knobs (session 38; the first on since session 39): its history weights by a
-    # running sum, its window normalised by a division a row, its window's own products on
+    # h. The coefficients kernel's three knobs (session 38; the first on since session 39):
+    # its history weights by a running sum, its window normalised by a division a row, its
+    # window's own products on
     # the tensor cores. sm_90 compile, T=4 B=64: 2304 instructions, 2104 / 2216 / 2056 with
     # each, 1816 with all three (128 registers); T=1 1536 -> 1384 and 127 -> 103 registers
     # with the sum. Each knob's kernels, one call a kernel (the sum: T=1 B=256 15.0 ->
