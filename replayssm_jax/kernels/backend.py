@@ -172,10 +172,14 @@ def dot_algorithm(precision: str, *, interpret: bool):
   """`precision=` for the in-kernel dots of the replay paths.
 
   ``"default"`` leaves the choice to the compiler (tf32 tensor cores for fp32 on
-  GPU). On the CPU every setting computes in exact fp32, so none is passed.
+  GPU). Interpreted, the dots are XLA's, which take no algorithm preset on the CPU: ``"ieee"``
+  asks for `jax.lax.Precision.HIGHEST` (on a GPU XLA's default would be tf32), the others for
+  the default (exact fp32 on the CPU, tf32 on a GPU).
   """
-  if interpret or precision == "default":
+  if precision == "default":
     return None
+  if interpret:
+    return jax.lax.Precision.HIGHEST if precision == "ieee" else None
   return {
       "tf32": jax.lax.DotAlgorithmPreset.TF32_TF32_F32,
       "bf16": jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
