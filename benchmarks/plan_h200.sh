@@ -27,10 +27,10 @@ AB="bash benchmarks/ab_h200.sh"
 SPLIT8="--set kernels.backend.SPLIT_MIN_BATCH={'window':16,'decode':8}"
 # Item h's knobs, set both ways in the arms (whatever the defaults): knob NAME VALUE.
 knob() { echo "--set kernels.$1=$2"; }
-NONE="$(knob replay_split.COEFFICIENT_HISTORY_SCAN False) $(knob replay_split.COEFFICIENT_NORM_RECIPROCAL False) $(knob replay_split.COEFFICIENT_WINDOW_MMA False)"
 SCAN=$(knob replay_split.COEFFICIENT_HISTORY_SCAN True)
 RECIP=$(knob replay_split.COEFFICIENT_NORM_RECIPROCAL True)
 WMMA=$(knob replay_split.COEFFICIENT_WINDOW_MMA True)
+NONE="${SCAN%True}False ${RECIP%True}False ${WMMA%True}False"  # each knob set False
 ROWS="rows=.|--set kernels.triton.VEC_BLOCK_V=32 --set kernels.triton.VEC_K_CHUNK=128"  # item c
 
 # An item's estimate in seconds, and its command (run by `bash -c`).
@@ -72,14 +72,13 @@ command_of() {
       "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run39_triton_decode.json";;
     # h. The coefficients kernel's three knobs (session 38; the first on since session 39):
     # its history weights by a running sum, its window normalised by a division a row, its
-    # window's own products on
-    # the tensor cores. sm_90 compile, T=4 B=64: 2304 instructions, 2104 / 2216 / 2056 with
-    # each, 1816 with all three (128 registers); T=1 1536 -> 1384 and 127 -> 103 registers
-    # with the sum. Each knob's kernels, one call a kernel (the sum: T=1 B=256 15.0 ->
-    # 12.5-13.5 us, T=4 B=64 8.0-8.3 -> 7.4-7.7; the reciprocals -0.2 to -0.4 at B=64; the
-    # window dot about as much as the sum at T=4). h_ab: the replay verify and the decode
-    # cycle with all three against none (B=64 verify -1 to -1.6 us, the B=256 decode step
-    # -1.5 to -2.5: the window dot does not apply at T=1).
+    # window's own products on the tensor cores. sm_90 compile, T=4 B=64: 2304 instructions,
+    # 2104 / 2216 / 2056 with each, 1816 with all three (128 registers); T=1 1536 -> 1384
+    # and 127 -> 103 registers with the sum. Each knob's kernels, one call a kernel (the
+    # sum: T=1 B=256 15.0 -> 12.5-13.5 us, T=4 B=64 8.0-8.3 -> 7.4-7.7; the reciprocals -0.2
+    # to -0.4 at B=64; the window dot about as much as the sum at T=4). h_ab: the replay
+    # verify and the decode cycle with all three against none (B=64 verify -1 to -1.6 us,
+    # the B=256 decode step -1.5 to -2.5: the window dot does not apply at T=1).
     h) echo "$PY -m replayssm_jax.bench.sweep --only coefficients --knobs coefficient_history_scan" \
       "coefficient_reciprocal_norms coefficient_window_mma --T 4 1 --batch 64 256 --reps 20" \
       "--out \$OUT/sweep_run39_coefficients.json";;
@@ -88,7 +87,7 @@ command_of() {
     # h_read: the two knobs that pay on the H100 (the running sum, the window dot) against
     # none under the read flush, where run 36 left the B=64 verify at 48.3-48.6 us (73.7-74.5%
     # of copy): predicted 47.6-47.9 (74.9-75.6%, #4's 75%), B=256 -1.5 to -2.5 us.
-    h_read) echo "ARMS=\"none=.|--l2-flush read $NONE;on=.|--l2-flush read $SCAN $WMMA $(knob replay_split.COEFFICIENT_NORM_RECIPROCAL False)\" TAG=run39_read" \
+    h_read) echo "ARMS=\"none=.|--l2-flush read $NONE;on=.|--l2-flush read $SCAN $WMMA ${RECIP%True}False\" TAG=run39_read" \
       "ROUNDS=2 BENCH_ARGS=\"--paths kernels steps --batch 64 256 --reps 15 $extra\" $AB";;
     # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102
     # registers; T=4 1808 -> 1688): its coefficients kernel ~32 us at B=256, T=4 (run 35).
