@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="h h_ab h_read" bash benchmarks/plan_h200.sh   # first call
+#   ITEMS="h_read h h_ab" bash benchmarks/plan_h200.sh   # first call
 #   ITEMS="s_pallas c" bash benchmarks/plan_h200.sh   # the next; then "s_triton a_pallas", "a_triton b"
-# An item starts only while its estimate (seconds, from runs 36-37) fits before DEADLINE_S
+# An item starts only while its estimate (seconds, from runs 36-40) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
 # plan's own log (plan.log) says which items ran, how long each took, and which were left; at the
@@ -36,8 +36,8 @@ ROWS="rows=.|--set kernels.triton.VEC_BLOCK_V=32 --set kernels.triton.VEC_K_CHUN
 # An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
   case $1 in
-    s_pallas) echo 300;; s_triton) echo 250;; c) echo 200;; a_pallas|a_triton) echo 150;;
-    b) echo 100;; h) echo 200;; h_triton) echo 150;; h_ab) echo 200;; h_read) echo 150;;
+    s_pallas) echo 300;; s_triton) echo 250;; c) echo 100;; a_pallas|a_triton) echo 130;;
+    b) echo 40;; h) echo 200;; h_triton) echo 150;; h_ab) echo 200;; h_read) echo 130;;
     *) echo 0;;
   esac
 }
@@ -51,25 +51,29 @@ command_of() {
     # B=256 ~210; the split form below 64 rows faster than the vector form (B=16 ~16-18); the
     # triton vector form in whole-row [32, 128] tiles (item c) ~11-13 at B=16.
     s_pallas) echo "ARMS=\"old=ab_old|;warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
-      "TAG=run39_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
+      "TAG=run41_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
     s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|--triton-split-min-batch 16 8;$ROWS\"" \
-      "TAG=run39_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
+      "TAG=run41_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
-    # under the read, 65.9-66.5% under the write); the triton backend for the first time.
-    a_pallas) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run39_flush" \
+    # under the read, 65.9-66.5% under the write; run 40, H100: 79.8-80.4% and 72.9-73.3%);
+    # the triton backend for the first time.
+    a_pallas) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run41_flush" \
       "ROUNDS=2 BENCH_ARGS=\"$flush $extra\" $AB";;
-    a_triton) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run39_flush_triton" \
+    a_triton) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run41_flush_triton" \
       "ROUNDS=2 BENCH_ARGS=\"$flush --backend triton $extra\" $AB";;
     # b. The coefficients kernel beside the stream's K-loop under clean L2 (run 30 measured it
-    # under the write flush only: the pair's span 49.1 us against the loop's 41.9 at B=64).
+    # under the write flush only: the pair's span 49.1 us against the loop's 41.9 at B=64;
+    # run 40, H100, read flush: 55.2 against 49.1, 1.6 us under the two back to back).
     b) echo "XLA_FLAGS=\"--xla_gpu_command_buffer_scheduling_mode=CONCURRENT" \
       "--xla_gpu_graph_min_graph_size=1\" $PY tools/concurrency_probe.py --batch 64" \
-      "--l2-flush read --out \$OUT/probe_run39.json";;
+      "--l2-flush read --out \$OUT/probe_run41.json";;
     # c. The triton vector form's launches on HBM, one decode step a call (L2 flushed before
-    # each): the shipped [128, 16] chunks ~21 us at B=16 (run 37's flushed steps), whole rows
-    # in [32, 128] tiles (no K-loop, every load in flight at once) ~11-13, the split form ~16-18.
+    # each). Predicted at B=16 on the H200: the shipped [128, 16] chunks ~21 us, whole rows in
+    # [32, 128] tiles ~11-13, the split form ~16-18. Run 40 (H100): whole rows lost (31.7
+    # against 28.1 us), [64, 32] 26.8, the split form 27.7-29.0; at B=32 the split form won
+    # (43.6-44.7 against the vector form's best 45.5). On the H200 again, beside item s_triton.
     c) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
-      "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run39_triton_decode.json";;
+      "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run41_triton_decode.json";;
     # h. The coefficients kernel's three knobs (session 38; the first on since session 39):
     # its history weights by a running sum, its window normalised by a division a row, its
     # window's own products on the tensor cores. sm_90 compile, T=4 B=64: 2304 instructions,
@@ -81,18 +85,18 @@ command_of() {
     # the B=256 decode step -1.5 to -2.5: the window dot does not apply at T=1).
     h) echo "$PY -m replayssm_jax.bench.sweep --only coefficients --knobs coefficient_history_scan" \
       "coefficient_reciprocal_norms coefficient_window_mma --T 4 1 --batch 64 256 --reps 20" \
-      "--out \$OUT/sweep_run39_coefficients.json";;
-    h_ab) echo "ARMS=\"none=.|$NONE;all=.|$SCAN $RECIP $WMMA\" TAG=run39_coefficients ROUNDS=1" \
+      "--out \$OUT/sweep_run41_coefficients.json";;
+    h_ab) echo "ARMS=\"none=.|$NONE;all=.|$SCAN $RECIP $WMMA\" TAG=run41_coefficients ROUNDS=1" \
       "BENCH_ARGS=\"--paths kernels decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     # h_read: the two knobs that pay on the H100 (the running sum, the window dot) against
     # none under the read flush, where run 36 left the B=64 verify at 48.3-48.6 us (73.7-74.5%
     # of copy): predicted 47.6-47.9 (74.9-75.6%, #4's 75%), B=256 -1.5 to -2.5 us.
-    h_read) echo "ARMS=\"none=.|--l2-flush read $NONE;on=.|--l2-flush read $SCAN $WMMA ${RECIP%True}False\" TAG=run39_read" \
+    h_read) echo "ARMS=\"none=.|--l2-flush read $NONE;on=.|--l2-flush read $SCAN $WMMA ${RECIP%True}False\" TAG=run41_read" \
       "ROUNDS=2 BENCH_ARGS=\"--paths kernels steps --batch 64 256 --reps 15 $extra\" $AB";;
     # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102
     # registers; T=4 1808 -> 1688): its coefficients kernel ~32 us at B=256, T=4 (run 35).
     h_triton) echo "ARMS=\"mask=.|$(knob triton.replay_split.HISTORY_SCAN False);scan=.|$(knob triton.replay_split.HISTORY_SCAN True)\"" \
-      "TAG=run39_history_scan_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths kernels" \
+      "TAG=run41_history_scan_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths kernels" \
       "decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     *) return 1;;
   esac

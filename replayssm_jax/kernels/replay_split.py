@@ -101,6 +101,8 @@ LOADS_FIRST_MAX_PROGRAMS = 1024
 # 208 of the T=1 kernel's 1536 instructions and 31 of its 127 registers, and 256 of 2304 at
 # T=4. H100 (benchmarks/NOTES.md run 38): the kernel at T=4 B=64 8.7 -> 8.1 us, T=1 B=256
 # 15.1 -> 13.0, T=4 B=256 26.7 -> 25.2; on since session 39 (the tables' H200 runs had it off).
+# Run 40 (H100, read flush): the replay verify at B=64 63.8-64.0 -> 63.1-63.5 us, B=256 234.0-234.3
+# -> 232.7-232.8.
 COEFFICIENT_HISTORY_SCAN = True
 # Whether the window's q and k are normalised by one division a row and a product an element
 # (`replay_parts.load_keys`' ``reciprocal``) in place of an IEEE division an element (a
@@ -118,7 +120,9 @@ COEFFICIENT_NORM_RECIPROCAL = False
 # kernel's `WINDOW_MMA` since run 36. For bf16 activations and windows of 2 rows or more.
 # Locally (triton 3.6, sm_90), T=4: B=64 2304 -> 2056 instructions, 145 -> 140 registers;
 # B=256 2360 -> 2024; with the two knobs above as well 1816 and 1800 (128 and 123 registers).
-# H100 (benchmarks/NOTES.md run 38): B=64 even, B=256 26.7 -> 25.8 us; off for now.
+# H100 (benchmarks/NOTES.md run 38): B=64 even, B=256 26.7 -> 25.8 us; run 40, the replay
+# verify beside the running sum: B=64 even, B=256 232.7 -> 231.3-231.6 us. Off until T=2 (where
+# its padded dot may cost, as at T=1) and an H200 are timed.
 COEFFICIENT_WINDOW_MMA = False
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 

@@ -68,8 +68,10 @@ def state_tuning(V: int) -> KernelTuning:
 VEC_K_CHUNK = 16
 # The vector form's tile height (rows of V a program; 128: a program per (row, value head)).
 # With VEC_K_CHUNK = K a program holds whole rows and has no K-loop, so all its loads are in
-# flight at once: [32, 128] tiles take 119 registers, 4 programs an SM (triton 3.6, sm_90),
-# untimed so far (benchmarks/NOTES.md, "Next device session", item c; `bench.sweep`).
+# flight at once: [32, 128] tiles take 119 registers, 4 programs an SM (triton 3.6, sm_90).
+# They lost on an H100 with L2 flushed before each step (benchmarks/NOTES.md run 40): B=16
+# 31.7 us against 28.1 for [128, 16], B=32 54.3 against 48.5; [64, 32] was the fastest at
+# B <= 16 (26.8 at B=16), [128, 32] at B=32 (45.5). Not moved until the H200 agrees.
 VEC_BLOCK_V = 128
 
 
