@@ -121,8 +121,10 @@ COEFFICIENT_NORM_RECIPROCAL = False
 # Locally (triton 3.6, sm_90), T=4: B=64 2304 -> 2056 instructions, 145 -> 140 registers;
 # B=256 2360 -> 2024; with the two knobs above as well 1816 and 1800 (128 and 123 registers).
 # H100 (benchmarks/NOTES.md run 38): B=64 even, B=256 26.7 -> 25.8 us; run 40, the replay
-# verify beside the running sum: B=64 even, B=256 232.7 -> 231.3-231.6 us. Off until T=2 (where
-# its padded dot may cost, as at T=1) and an H200 are timed.
+# verify beside the running sum: B=64 even, B=256 232.7 -> 231.3-231.6 us. Elsewhere it does
+# not shorten the kernel (sm_90 compile, with the running sum): T=2 B=64 1592 -> 1648
+# instructions, T=8 B=256 3232 -> 2872 but 168 -> 215 registers (12 -> 9 programs an SM). So
+# its one gain is 0.5% at T=4 from 128 rows; off, not worth a rule by T and B.
 COEFFICIENT_WINDOW_MMA = False
 _P, _DY, _M = range(3)  # the [T_pad, T_pad] matrices in the coefficients scratch `zt`
 
