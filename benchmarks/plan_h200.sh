@@ -31,7 +31,7 @@ SCAN=$(knob replay_split.COEFFICIENT_HISTORY_SCAN True)
 RECIP=$(knob replay_split.COEFFICIENT_NORM_RECIPROCAL True)
 WMMA=$(knob replay_split.COEFFICIENT_WINDOW_MMA True)
 NONE="${SCAN%True}False ${RECIP%True}False ${WMMA%True}False"  # each knob set False
-ROWS="rows=.|--set kernels.triton.VEC_BLOCK_V=32 --set kernels.triton.VEC_K_CHUNK=128"  # item c
+TILE64="tile64=.|--set kernels.triton.VEC_BLOCK_V=64 --set kernels.triton.VEC_K_CHUNK=32"  # run 40's c
 
 # An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
@@ -49,10 +49,11 @@ command_of() {
     # s. The steps of a decode cycle with L2 flushed between them (run 37's harness, in one
     # jitted call): warm == old kernel by kernel; flushed Pallas B=16 ~25 us a step, B=64 ~64,
     # B=256 ~210; the split form below 64 rows faster than the vector form (B=16 ~16-18); the
-    # triton vector form in whole-row [32, 128] tiles (item c) ~11-13 at B=16.
+    # triton vector form in [64, 32] tiles (run 40's c on an H100, one step: B=8 15.1 against
+    # the shipped [128, 16]'s 17.4 us, B=16 27.1 against 28.1) ~1-2 us a step under it.
     s_pallas) echo "ARMS=\"old=ab_old|;warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
       "TAG=run41_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
-    s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|--triton-split-min-batch 16 8;$ROWS\"" \
+    s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|--triton-split-min-batch 16 8;$TILE64\"" \
       "TAG=run41_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write; run 40, H100: 79.8-80.4% and 72.9-73.3%);
