@@ -250,8 +250,7 @@ def test_replay_verify(c: Case, form, interpret):
   g, beta = gating_jit(inp["a"], inp["b"], inp["A_log"], inp["dt_bias"])
   k_hat = l2_normalize_jit(inp["k"].astype(jnp.float32))
   records = dict(ring_k=k_hat, ring_g=g, ring_beta=beta, ring_rawk=inp["k"], ring_rawv=inp["v"])
-  k64 = np.asarray(jnp.asarray(inp["k"], jnp.float32), np.float64)
-  k_hat64 = k64 / np.sqrt(np.sum(k64 * k64, axis=-1, keepdims=True) + reference.L2_EPS)
+  k_hat64 = np_l2(np.asarray(jnp.asarray(inp["k"], jnp.float32), np.float64))
 
   for name, (o, *rings) in (("kernel", kernel_out), ("reference", ref_out)):
     assert o.dtype == inp["v"].dtype
