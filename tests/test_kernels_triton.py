@@ -218,12 +218,12 @@ VEC_CASES = [c for c in replay_tests.CASES if c.T == 1] + [
 
 
 @pytest.mark.parametrize("block_v", [None, 8], ids=["case-tile", "tile8"])
-@pytest.mark.parametrize("k_chunk", [8, 32])
+@pytest.mark.parametrize("k_chunk", [8, 16, 32])
 @pytest.mark.parametrize("c", VEC_CASES, ids=[c.id for c in VEC_CASES])
 def test_replay_verify_vec_k_chunks(c: replay_tests.Case, k_chunk, block_v, mode):
-  """The vector form over other K-chunks than `VEC_K_CHUNK`'s, and in tiles of 8 rows of V
-  (with K-chunks of 32 at K=32: whole rows and no K-loop, as `sweep.TRITON_REPLAY`'s ``[32,
-  128]`` tiles at K=128), as `test_replay_verify` checks it."""
+  """The vector form over K-chunks of 8, 16 and 32 (four, two and one at K=32), and in tiles
+  of 8 rows of V (with K-chunks of 32 at K=32: whole rows and no K-loop, as
+  `sweep.TRITON_REPLAY`'s ``[32, 128]`` tiles at K=128), as `test_replay_verify` checks it."""
   check_replay_verify(c, "vec", KernelTuning(block_v=block_v or c.block_v, k_chunk=k_chunk))
 
 
@@ -274,7 +274,7 @@ def test_replay_form_and_knobs():
   inp = replay_tests.make_inputs(c)
   assert replay_form(1) == "vec" and replay_form(4) == "ut"
   assert replay_form(4, 16) == "split" and replay_form(4, 15) == "ut"
-  assert replay_form(1, 64) == "split" and replay_form(1, 63) == "vec"  # decode: NOTES run 31
+  assert replay_form(1, 32) == "split" and replay_form(1, 31) == "vec"  # decode: NOTES run 41
   with pytest.raises(ValueError, match="the split form's tl.dot needs block_v"):
     triton_kernels.replay_verify(**inp, tuning=KernelTuning(block_v=8), dot_precision="ieee",
                                  form="split")

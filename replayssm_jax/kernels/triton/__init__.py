@@ -57,22 +57,18 @@ def state_tuning(V: int) -> KernelTuning:
   return KernelTuning(block_v=min(16, V), num_warps=1, k_chunk=16)
 
 
-# The vector form's K-chunk (decode below `replay_verify.SPLIT_MIN_BATCH`). Its ``[BV, KC]``
-# accumulators set its registers (triton 3.6, sm_90 compile): 32 -> 158 registers, 3 four-warp
-# programs an SM, so B=16's 512 programs (row, value head) take 1.29 waves; 16 -> 110
-# registers, 4 an SM, one wave, for 14% more instructions a program. H200, L=16 decode over a
-# ring cycle (benchmarks/NOTES.md run 36, two rounds), K-chunks of 32 -> 16: B=16 20.3 -> 15.4
-# us a step, B=8 and B=32 even (11.1 -> 11.2, 40.1 -> 39.5). 32 from run 5 to run 35. Those
-# cycles read B <= 16's checkpoints from L2 after their first step; flushed between steps (run
-# 37) the kernel takes 21.2 us at B=16, not 10.2, and the K-chunk's worth there is unmeasured.
-VEC_K_CHUNK = 16
-# The vector form's tile height (rows of V a program; 128: a program per (row, value head)).
-# With VEC_K_CHUNK = K a program holds whole rows and has no K-loop, so all its loads are in
-# flight at once: [32, 128] tiles take 119 registers, 4 programs an SM (triton 3.6, sm_90).
-# They lost on an H100 with L2 flushed before each step (benchmarks/NOTES.md run 40): B=16
-# 31.7 us against 28.1 for [128, 16], B=32 54.3 against 48.5; [64, 32] was the fastest at
-# B <= 16 (26.8 at B=16), [128, 32] at B=32 (45.5). Not moved until the H200 agrees.
-VEC_BLOCK_V = 128
+# The vector form's tile, ``[VEC_BLOCK_V, VEC_K_CHUNK]`` over 4 warps (decode below
+# `replay_verify.SPLIT_MIN_BATCH`): [64, 32], as the Pallas vector form's. Measured with L2
+# flushed before each step, as the other layers of a model leave it (H100, benchmarks/NOTES.md
+# runs 40 and 41): a step alone at B=8 / 16 in 15.4 / 27.1 us against [128, 16]'s 17.3 / 28.1,
+# over a ring cycle 19.4 / 32.9 against 21.5 / 33.6 a step. [128, 16] (run 36 to run 40) had
+# won on the H200 with the cycles' checkpoints in L2 after their first step (B=16 15.4 against
+# [128, 32]'s 20.3 us); whole rows ([32, 128], no K-loop) were the slowest flushed tiles (B=16
+# 31.7 us): four times the programs, each paying the window's prologue. Triton 3.6 for sm_90
+# (`tools/pallas_sass.py --backend triton replay_verify_vec_T1`): 118 registers, 4 programs an
+# SM, 1200 instructions against [128, 16]'s 110, 4 and 1392.
+VEC_K_CHUNK = 32
+VEC_BLOCK_V = 64
 
 
 def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
@@ -86,7 +82,8 @@ def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
   208.8 and 58.9, (64, 4, 64, 2) 218.0 and 60.8. The one-kernel forms, H200, 2026-11-30, B=256,
   write_pos 8 (benchmarks/NOTES.md run 5): ``[128, K]`` tiles over 4 warps in K-chunks of 32
   were the fastest of the launches tried for both: UT at T=4 502 us (721 us at (64, 2)), the
-  vector form at T=1 222 us (278 us at (64, 4)); its K-chunk is `VEC_K_CHUNK` (16 since run 36).
+  vector form at T=1 222 us (278 us at (64, 4)); its tile is `VEC_BLOCK_V` x `VEC_K_CHUNK` since
+  run 41.
   """
   from replayssm_jax.kernels.triton.replay_verify import replay_form  # needs triton
 

@@ -74,8 +74,12 @@ FORMS = ("ut", "vec", "split")
 # 16 in 216.9 / 43.2 / 29.8 against the vector form's 220.6 / 39.6 / 25.1: even at best. With
 # the split stream's epilogue on the tensor cores (run 30), the decode cycle (L=16, in phase) at
 # B=256 / 64 / 32 / 16 in 242.9 / 72.8 / 45.0 / 27.0 us against 269.1 / 78.5 / 43.9 / 23.2
-# (run 31), so decode takes the split form from 64 rows.
-SPLIT_MIN_BATCH = {"window": 16, "decode": 64}
+# (run 31), so decode took the split form from 64 rows. With L2 flushed before each step, as
+# the other layers of a model leave it (H100, runs 40 and 41), the split form ties at B=16 and
+# wins from B=32: a cycle's step 52.4 us against the vector form's 56.7 (kernel alone 43.3-44.3
+# against 45.5 at its best tile), so decode takes it from 32 rows (the Pallas vector form, with
+# the fold inside, stays ahead there: NOTES run 41).
+SPLIT_MIN_BATCH = {"window": 16, "decode": 32}
 
 
 def replay_form(T: int, B: int | None = None) -> str:
