@@ -386,6 +386,24 @@ def test_sweep_replay_tokens(tmp_path):
   assert kernels_run and all(k.endswith("_T1") for k in kernels_run), kernels_run
 
 
+def test_sweep_vec_tiles(tmp_path):
+  """``--only vec-tiles`` times the vector form alone at T=1, each tile once (capped at the tiny
+  geometry's 16 rows of V, so several collapse into one)."""
+  from replayssm_jax.bench import sweep
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "vec-tiles", "--batch", "2", "--reps", "1",
+                     "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert rows and not [r for r in rows if "error" in r]
+  assert {r["kernel"] for r in rows} == {"replay_verify_vec_T1"}
+  launches = [(r["block_v"], r["num_warps"], r["k_chunk"]) for r in rows]
+  assert len(set(launches)) == len(launches) and {bv for bv, *_ in launches} == {16}
+  assert len(launches) == len({(w, kc) for _, w, kc in
+                               ((t.block_v, t.num_warps, t.k_chunk) for t in sweep.VEC_TILES)})
+  assert all(r["median_us"] > 0 for r in rows)
+
+
 def test_sweep_fold_smoke(tmp_path):
   """The fold sweep times each launch with records and without, bitwise checked (tiny, CPU)."""
   from replayssm_jax.bench import sweep

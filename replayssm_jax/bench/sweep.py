@@ -1,6 +1,7 @@
 """Launch-parameter sweep of the GPU kernels at the anchor geometry (one process, one device call).
 
-- Replay verify (T = 4 at write_pos 8, and T = 1 for decode): form x block_v x num_warps.
+- Replay verify (T = 4 at write_pos 8, and T = 1 for decode): form x block_v x num_warps;
+  ``--only vec-tiles``: the decode's vector form over `VEC_TILES`.
 - Recurrent verify, recurrent decode and the exact fold, which must share their tuning: each
   candidate is timed and checked for the bitwise equality the design rests on (a fold of 12
   records written by the replay verify equals the recurrent verify's state after 12 tokens).
@@ -70,6 +71,14 @@ TRITON_STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
                 for bv, w, kc in [(32, 2, 16), (16, 1, 16), (32, 4, 16), (64, 4, 16), (16, 1, 8),
                                   (32, 4, 8)]]
 CANDIDATES = {"pallas": (REPLAY, STATE), "triton": (TRITON_REPLAY, TRITON_STATE)}
+# The vector form's tiles at T=1 (decode below the split threshold; ``--only vec-tiles``, either
+# backend): the shipped [64, 32] over 4 warps (the triton one since run 41) and its neighbours.
+# Run 41 (H100, L2 flushed between a cycle's steps) had the Pallas decode at B=8 and 16 slower
+# than the recurrent decode (18.4 against 15.2 us, 29.5 against 26.6), its vector kernel at
+# about a third of copy: the tiles beside it, on HBM.
+VEC_TILES = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
+             for bv, w, kc in [(64, 4, 32), (64, 2, 32), (32, 2, 32), (32, 4, 32), (128, 4, 32),
+                               (64, 4, 16), (64, 4, 64), (32, 4, 128)]]
 COEFFICIENT_WARPS = (1, 2, 4)  # warps of the split form's coefficients kernel
 # The split form's other launches of its coefficients kernel, beside the default.
 SPLIT_VARIANTS = (
@@ -97,11 +106,12 @@ def split_variants(knobs=None) -> list[dict]:
 
 
 def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
-                 streams=False):
+                 streams=False, vec_tiles=False):
   """The replay verify per (form, tuning) (unless not ``forms``); on Pallas also the split
   form in each of `SPLIT_VARIANTS` (its kernels' other launches; those that set one of
   ``knobs``, if given) under the default tuning, or, with ``streams``, at each of the stream
-  launches `STREAM_TUNINGS` instead."""
+  launches `STREAM_TUNINGS` instead. With ``vec_tiles``, the vector form at each of
+  `VEC_TILES` alone (rows of V capped at the geometry's)."""
   rng = np.random.default_rng(0)
   spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
   x = _inputs(rng, B, T, gdn)
@@ -109,7 +119,10 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
   model = B * Bytes(gdn, T).rssm_verify(wp, T)
   kern = bench.kernels_for(backend)
   variants = [(form, tuning, {}) for form, tuning in CANDIDATES[backend][0] if forms]
-  if backend == "pallas":
+  if vec_tiles:
+    capped = [dataclasses.replace(t, block_v=min(t.block_v, gdn.head_v_dim)) for t in VEC_TILES]
+    variants = [("vec", t, {}) for t in dict.fromkeys(capped)]
+  elif backend == "pallas":
     stream = kern.replay_tuning(gdn.head_v_dim, T, B)
     variants += [] if forms else [("split", stream, {})]  # the defaults, to compare with
     if streams:
@@ -370,7 +383,7 @@ def _sweep_stream_fold(gdn, B, reps, n_fold, T, stream, prefetch_levels=None):
 
 
 FAMILIES = ("state", *FOLD_FAMILIES, "stream-fold", "stream-fold-prefetch", "replay",
-            "coefficients", "streams")
+            "coefficients", "streams", "vec-tiles")
 
 
 def main(argv=None) -> int:
@@ -384,7 +397,7 @@ def main(argv=None) -> int:
                       "stream's launches; fold-tunings: the fold's tile launches alone; "
                       "fold-orders: the orders of a fold record's loads; fold-prefetch and "
                       "stream-fold-prefetch: the cache prefetches of the fold kernel and of "
-                      "the stream's fold)")
+                      "the stream's fold; vec-tiles: the decode's vector form per tile)")
   p.add_argument("--knobs", nargs="+", metavar="NAME",
                  help="coefficients: only the variants that set these keyword arguments of "
                       "replay_split.replay_verify_split (e.g. coefficient_key_mma)")
@@ -401,7 +414,8 @@ def main(argv=None) -> int:
   start = time.monotonic()
   gens = []
   only = set(args.only or FAMILIES) - (
-      {"coefficients", "streams", "fold-orders", "fold-prefetch", "stream-fold-prefetch"}
+      {"coefficients", "streams", "fold-orders", "fold-prefetch", "stream-fold-prefetch",
+       "vec-tiles"}
       if not args.only else set())
   for B in args.batch:
     if "state" in only:
@@ -419,6 +433,8 @@ def main(argv=None) -> int:
       forms = "replay" in only
       gens += [sweep_replay(gdn, B, T, 8, args.reps, backend=args.backend, forms=forms,
                             knobs=args.knobs) for T in args.tokens]
+    if "vec-tiles" in only:
+      gens.append(sweep_replay(gdn, B, 1, 8, args.reps, backend=args.backend, vec_tiles=True))
     if "streams" in only and args.backend == "pallas":
       gens.append(sweep_replay(gdn, B, 4, 8, args.reps, forms=False, streams=True))
   for gen in gens:
