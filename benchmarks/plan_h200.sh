@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="h_read h h_ab" bash benchmarks/plan_h200.sh   # first call
-#   ITEMS="s_pallas c" bash benchmarks/plan_h200.sh   # the next; then "s_triton a_pallas", "a_triton b"
-# An item starts only while its estimate (seconds, from runs 36-40) fits before DEADLINE_S
+#   ITEMS="h_read a_pallas h_ab" bash benchmarks/plan_h200.sh   # first call
+#   ITEMS="s_triton a_triton" bash benchmarks/plan_h200.sh   # the next; then "s_pallas v c", "h"
+# An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
 # plan's own log (plan.log) says which items ran, how long each took, and which were left; at the
@@ -11,11 +11,10 @@
 # DRY=1 prints the items' commands instead of running them; BENCH_EXTRA is added to every
 # benchmark's arguments (a CPU smoke run: PY=.venv/bin/python BENCH_EXTRA="--tiny --batch 2
 # --reps 2 --copy-gib 0.01" ITEMS="s_pallas a_pallas"). Needs the jax-triton wheel in .whl/
-# for the triton items and the build before run 37 in ab_old/ for s_pallas's `old` arm
-# (`mkdir -p ab_old && git archive 0530bae replayssm_jax | tar -x -C ab_old`).
+# for the triton items.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"h h_ab h_triton s_pallas c s_triton a_pallas a_triton b"}
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -31,13 +30,14 @@ SCAN=$(knob replay_split.COEFFICIENT_HISTORY_SCAN True)
 RECIP=$(knob replay_split.COEFFICIENT_NORM_RECIPROCAL True)
 WMMA=$(knob replay_split.COEFFICIENT_WINDOW_MMA True)
 NONE="${SCAN%True}False ${RECIP%True}False ${WMMA%True}False"  # each knob set False
-TILE64="tile64=.|--set kernels.triton.VEC_BLOCK_V=64 --set kernels.triton.VEC_K_CHUNK=32"  # run 40's c
+# The triton decode as shipped until run 41: the vector form in [128, 16] tiles below 64 rows.
+BEFORE41="before=.|--set kernels.triton.VEC_BLOCK_V=128 --set kernels.triton.VEC_K_CHUNK=16 --triton-split-min-batch 16 64"
 
 # An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
   case $1 in
-    s_pallas) echo 300;; s_triton) echo 250;; c) echo 100;; a_pallas|a_triton) echo 130;;
-    b) echo 40;; h) echo 200;; h_triton) echo 150;; h_ab) echo 200;; h_read) echo 130;;
+    s_pallas) echo 400;; s_triton) echo 300;; c) echo 80;; a_pallas|a_triton) echo 130;;
+    b) echo 40;; v) echo 80;; h) echo 140;; h_triton) echo 150;; h_ab) echo 100;; h_read) echo 140;;
     *) echo 0;;
   esac
 }
@@ -47,34 +47,43 @@ command_of() {
   local extra=${BENCH_EXTRA:-}  # e.g. a CPU smoke run: "--tiny --batch 2 --reps 2 --copy-gib 0.01"
   case $1 in
     # s. The steps of a decode cycle with L2 flushed between them (run 37's harness, in one
-    # jitted call): warm == old kernel by kernel; flushed Pallas B=16 ~25 us a step, B=64 ~64,
-    # B=256 ~210; the split form below 64 rows faster than the vector form (B=16 ~16-18); the
-    # triton vector form in [64, 32] tiles (run 40's c on an H100, one step: B=8 15.1 against
-    # the shipped [128, 16]'s 17.4 us, B=16 27.1 against 28.1) ~1-2 us a step under it.
-    s_pallas) echo "ARMS=\"old=ab_old|;warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
-      "TAG=run41_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
-    s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|--triton-split-min-batch 16 8;$TILE64\"" \
-      "TAG=run41_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
+    # jitted call). Run 41 (H100): the Pallas split form below 64 rows lost (B=8 21.1 against
+    # 18.4 us a step, B=16 32.5 against 29.5, B=32 even); the triton decode in the split form
+    # from 32 rows and the vector form in [64, 32] tiles below (shipped from run 41) against
+    # the decode before (`before`): B=8 19.4 against 21.5, B=16 32.9 against 33.6, B=32 52.4
+    # against 56.7. On the H200 predicted alike: 1-2 us a step at B=8 and 16, ~4 at B=32.
+    s_pallas) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
+      "TAG=run42_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
+    s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;$BEFORE41\"" \
+      "TAG=run42_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
-    # under the read, 65.9-66.5% under the write; run 40, H100: 79.8-80.4% and 72.9-73.3%);
-    # the triton backend for the first time.
-    a_pallas) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run41_flush" \
+    # under the read, 65.9-66.5% under the write; runs 40-41, H100: 79.8-80.6% and 72.9-73.3%;
+    # the triton backend, run 41: 76.7-77.0% and 69.5-69.6%).
+    a_pallas) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run42_flush" \
       "ROUNDS=2 BENCH_ARGS=\"$flush $extra\" $AB";;
-    a_triton) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run41_flush_triton" \
+    a_triton) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run42_flush_triton" \
       "ROUNDS=2 BENCH_ARGS=\"$flush --backend triton $extra\" $AB";;
     # b. The coefficients kernel beside the stream's K-loop under clean L2 (run 30 measured it
     # under the write flush only: the pair's span 49.1 us against the loop's 41.9 at B=64;
     # run 40, H100, read flush: 55.2 against 49.1, 1.6 us under the two back to back).
     b) echo "XLA_FLAGS=\"--xla_gpu_command_buffer_scheduling_mode=CONCURRENT" \
       "--xla_gpu_graph_min_graph_size=1\" $PY tools/concurrency_probe.py --batch 64" \
-      "--l2-flush read --out \$OUT/probe_run41.json";;
+      "--l2-flush read --out \$OUT/probe_run42.json";;
     # c. The triton vector form's launches on HBM, one decode step a call (L2 flushed before
     # each). Predicted at B=16 on the H200: the shipped [128, 16] chunks ~21 us, whole rows in
     # [32, 128] tiles ~11-13, the split form ~16-18. Run 40 (H100): whole rows lost (31.7
     # against 28.1 us), [64, 32] 26.8, the split form 27.7-29.0; at B=32 the split form won
     # (43.6-44.7 against the vector form's best 45.5). On the H200 again, beside item s_triton.
     c) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
-      "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run41_triton_decode.json";;
+      "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run42_triton_decode.json";;
+    # v. The Pallas vector form's tiles on HBM, one decode step a call (L2 flushed before
+    # each): run 41 (H100) had the Pallas decode cycle at B=8 and 16 slower than the
+    # recurrent decode (18.4 against 15.2 us a step, 29.5 against 26.6), its vector kernel
+    # (with the fold inside) 16.0 and 27.1 us, about a third of copy. Predicted: no tile
+    # more than ~15% faster than the shipped [64, 32] over 4 warps (the triton sweep's
+    # spread at B=8 and 16, item c); if one is, it moves `KernelTuning.replay_default`.
+    v) echo "$PY -m replayssm_jax.bench.sweep --only vec-tiles --batch 8 16 32 --reps 15" \
+      "--out \$OUT/sweep_run42_vec_tiles.json";;
     # h. The coefficients kernel's three knobs (session 38; the first on since session 39):
     # its history weights by a running sum, its window normalised by a division a row, its
     # window's own products on the tensor cores. sm_90 compile, T=4 B=64: 2304 instructions,
@@ -86,18 +95,18 @@ command_of() {
     # the B=256 decode step -1.5 to -2.5: the window dot does not apply at T=1).
     h) echo "$PY -m replayssm_jax.bench.sweep --only coefficients --knobs coefficient_history_scan" \
       "coefficient_reciprocal_norms coefficient_window_mma --T 4 1 --batch 64 256 --reps 20" \
-      "--out \$OUT/sweep_run41_coefficients.json";;
-    h_ab) echo "ARMS=\"none=.|$NONE;all=.|$SCAN $RECIP $WMMA\" TAG=run41_coefficients ROUNDS=1" \
+      "--out \$OUT/sweep_run42_coefficients.json";;
+    h_ab) echo "ARMS=\"none=.|$NONE;all=.|$SCAN $RECIP $WMMA\" TAG=run42_coefficients ROUNDS=1" \
       "BENCH_ARGS=\"--paths kernels decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     # h_read: the two knobs that pay on the H100 (the running sum, the window dot) against
     # none under the read flush, where run 36 left the B=64 verify at 48.3-48.6 us (73.7-74.5%
     # of copy): predicted 47.6-47.9 (74.9-75.6%, #4's 75%), B=256 -1.5 to -2.5 us.
-    h_read) echo "ARMS=\"none=.|--l2-flush read $NONE;on=.|--l2-flush read $SCAN $WMMA ${RECIP%True}False\" TAG=run41_read" \
+    h_read) echo "ARMS=\"none=.|--l2-flush read $NONE;on=.|--l2-flush read $SCAN $WMMA ${RECIP%True}False\" TAG=run42_read" \
       "ROUNDS=2 BENCH_ARGS=\"--paths kernels steps --batch 64 256 --reps 15 $extra\" $AB";;
     # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102
     # registers; T=4 1808 -> 1688): its coefficients kernel ~32 us at B=256, T=4 (run 35).
     h_triton) echo "ARMS=\"mask=.|$(knob triton.replay_split.HISTORY_SCAN False);scan=.|$(knob triton.replay_split.HISTORY_SCAN True)\"" \
-      "TAG=run41_history_scan_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths kernels" \
+      "TAG=run42_history_scan_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths kernels" \
       "decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     *) return 1;;
   esac
@@ -105,7 +114,7 @@ command_of() {
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi
