@@ -398,9 +398,8 @@ def test_sweep_vec_tiles(tmp_path):
   assert rows and not [r for r in rows if "error" in r]
   assert {r["kernel"] for r in rows} == {"replay_verify_vec_T1"}
   launches = [(r["block_v"], r["num_warps"], r["k_chunk"]) for r in rows]
-  assert len(set(launches)) == len(launches) and {bv for bv, *_ in launches} == {16}
-  assert len(launches) == len({(w, kc) for _, w, kc in
-                               ((t.block_v, t.num_warps, t.k_chunk) for t in sweep.VEC_TILES)})
+  capped = {(16, t.num_warps, t.k_chunk) for t in sweep.VEC_TILES}  # V=16
+  assert sorted(launches) == sorted(capped)
   assert all(r["median_us"] > 0 for r in rows)
 
 

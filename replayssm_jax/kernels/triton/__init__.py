@@ -82,8 +82,8 @@ def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
   208.8 and 58.9, (64, 4, 64, 2) 218.0 and 60.8. The one-kernel forms, H200, 2026-11-30, B=256,
   write_pos 8 (benchmarks/NOTES.md run 5): ``[128, K]`` tiles over 4 warps in K-chunks of 32
   were the fastest of the launches tried for both: UT at T=4 502 us (721 us at (64, 2)), the
-  vector form at T=1 222 us (278 us at (64, 4)); its tile is `VEC_BLOCK_V` x `VEC_K_CHUNK` since
-  run 41.
+  vector form at T=1 222 us (278 us at (64, 4)). The vector form runs below 32 rows only since
+  session 41, in `VEC_BLOCK_V` x `VEC_K_CHUNK` tiles measured there.
   """
   from replayssm_jax.kernels.triton.replay_verify import replay_form  # needs triton
 
