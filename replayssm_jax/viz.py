@@ -10,7 +10,8 @@ functions that draw, so the package itself does not depend on matplotlib
 - `repo_root`, `benchmark_series`, `series_styles`, `plot_bandwidth`, `plot_roofline`: a benchmark
   results file (`replayssm_jax.bench.kernels`) against the measured copy bandwidth;
   `plot_fixed_costs`: paths' times against their bytes over batch sizes, with the fixed cost
-  a call pays besides its bytes (`bench.report.fixed_cost_fits`).
+  a call pays besides its bytes (`bench.report.fixed_cost_fits`); `decode_speedups`,
+  `plot_decode_speedups`: the ReplaySSM decode cycle against the recurrent decode by B.
 """
 
 from __future__ import annotations
@@ -280,4 +281,38 @@ def plot_fixed_costs(ax: Any, result: dict[str, Any], paths: Sequence[str], *,
   ax.set_ylim(0, None)
   ax.set_xlabel("minimal bytes moved (GB)")
   ax.set_ylabel("median time (us)")
+  ax.grid(alpha=0.3)
+
+
+def decode_speedups(result: dict[str, Any], *, ring_len: int = 16) -> dict[int, float]:
+  """``{B: recurrent decode / ReplaySSM decode step}`` of a results file: the recurrent decode
+  (``rec_decode``, one step a call) over a step of the in-phase ReplaySSM decode cycle
+  (``rssm_decode_cycle`` at ``ring_len``), at each B the file has both of; above 1 the
+  ReplaySSM decode is the faster."""
+  rec = {r["B"]: r["median_us"] for r in result["rows"] if r["kernel"] == "rec_decode"}
+  cycle = {r["B"]: r["median_us"] for r in result["rows"]
+           if r["kernel"] == "rssm_decode_cycle" and r.get("L") == ring_len}
+  both = sorted(rec.keys() & cycle.keys())
+  if not both:
+    raise ValueError(f"no batch size with both rec_decode and rssm_decode_cycle at L={ring_len} "
+                     f"(rec_decode at {sorted(rec)}, the cycle at {sorted(cycle)}).")
+  return {B: rec[B] / cycle[B] for B in both}
+
+
+def plot_decode_speedups(ax: Any, arms: dict[str, dict[str, Any]], *, target: float | None = None,
+                         ring_len: int = 16) -> None:
+  """`decode_speedups` of each results file in ``arms`` (legend label: file) against B, with
+  the break-even line at 1 and, if given, a ``target`` line."""
+  for i, (name, result) in enumerate(arms.items()):
+    speedups = decode_speedups(result, ring_len=ring_len)
+    ax.plot(list(speedups), list(speedups.values()), marker="o", color=f"C{i}", label=name)
+    for B, x in speedups.items():
+      ax.annotate(f"{x:.2f}x", (B, x), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                  color=f"C{i}")
+  ax.axhline(1.0, color="black", ls=":", lw=1.2, label="break-even")
+  if target is not None:
+    ax.axhline(target, color="grey", ls="--", lw=1.0, label=f"target {target:g}x")
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("batch rows B")
+  ax.set_ylabel(f"recurrent decode / ReplaySSM decode step (L={ring_len})")
   ax.grid(alpha=0.3)

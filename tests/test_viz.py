@@ -64,3 +64,27 @@ def test_plot_fixed_costs_draws_each_fit_and_names_what_it_lacks():
   with pytest.raises(ValueError, match="rssm_decode_cycle"):
     viz.plot_fixed_costs(ax, result, ["rssm_decode_cycle"])
   plt.close(fig)
+
+
+def test_decode_speedups_and_plot():
+  """The ratio at each B that has both paths, from run 41's flushed decode cycles; a file with
+  no such B is named in the error."""
+  import pytest
+
+  result = json.loads((ROOT / "benchmarks" / "ab_h100_run41_steps_flushed_1.json").read_text())
+  speedups = viz.decode_speedups(result)
+  rec = {r["B"]: r["median_us"] for r in result["rows"] if r["kernel"] == "rec_decode"}
+  cycle = {r["B"]: r["median_us"] for r in result["rows"] if r["kernel"] == "rssm_decode_cycle"}
+  assert list(speedups) == sorted(rec) == [8, 16, 32, 64, 256]
+  assert speedups == {B: rec[B] / cycle[B] for B in rec}
+  assert speedups[8] < 1 < speedups[256]  # run 41: behind at 8 rows, ahead at 256
+  with pytest.raises(ValueError, match="L=32"):
+    viz.decode_speedups(result, ring_len=32)
+  matplotlib = pytest.importorskip("matplotlib")
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots()
+  viz.plot_decode_speedups(ax, {"flushed": result}, target=1.6)
+  assert [line.get_label() for line in ax.lines] == ["flushed", "break-even", "target 1.6x"]
+  plt.close(fig)
