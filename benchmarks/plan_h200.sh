@@ -36,7 +36,7 @@ BEFORE41="before=.|--set kernels.triton.VEC_BLOCK_V=128 --set kernels.triton.VEC
 # An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
   case $1 in
-    s_pallas) echo 400;; s_triton) echo 300;; c) echo 80;; a_pallas|a_triton) echo 130;;
+    s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; h) echo 140;; h_triton) echo 150;; h_ab) echo 100;; h_read) echo 140;;
     *) echo 0;;
   esac
@@ -52,9 +52,17 @@ command_of() {
     # from 32 rows and the vector form in [64, 32] tiles below (shipped from run 41) against
     # the decode before (`before`): B=8 19.4 against 21.5, B=16 32.9 against 33.6, B=32 52.4
     # against 56.7. On the H200 predicted alike: 1-2 us a step at B=8 and 16, ~4 at B=32.
+    # `nocond`: the triton fold launched in every step, not behind `lax.cond` (`ssm.
+    # SKIP_IDLE_FOLD`). jax-triton's calls keep XLA from deciding the conditional on the
+    # device, so each triton step copies its predicate to the host and idles the GPU for the
+    # round trip: run 41's triton cycles span 30-40 us a step more than their kernels (Pallas:
+    # under 1 us). Predicted: the span falls by 25-35 us a step at every B; the kernel sum
+    # rises by the idle fold (2-3 us at B <= 32; 10-20 at B=256: 65,536 one-warp programs
+    # that load three scalars and exit). If the span falls more than the sum rises at every B,
+    # `SKIP_IDLE_FOLD` goes off for the triton backend.
     s_pallas) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
       "TAG=run42_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
-    s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;$BEFORE41\"" \
+    s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;$BEFORE41;nocond=.|--set ssm.SKIP_IDLE_FOLD=False\"" \
       "TAG=run42_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write; runs 40-41, H100: 79.8-80.6% and 72.9-73.3%;
