@@ -55,8 +55,8 @@ command_of() {
     # `nocond`: the triton fold launched in every step, not behind `lax.cond` (`ssm.
     # SKIP_IDLE_FOLD`). jax-triton's calls keep XLA from deciding the conditional on the
     # device, so each triton step copies its predicate to the host and idles the GPU for the
-    # round trip: run 41's triton cycles span 30-40 us a step more than their kernels (Pallas:
-    # under 1 us). Predicted: the span falls by 25-35 us a step at every B; the kernel sum
+    # round trip: run 41's triton cycles span 24-48 us a step more than their kernels (Pallas:
+    # under 1 us). Predicted: the span falls by 20-45 us a step at every B; the kernel sum
     # rises by the idle fold (2-3 us at B <= 32; 10-20 at B=256: 65,536 one-warp programs
     # that load three scalars and exit). If the span falls more than the sum rises at every B,
     # `SKIP_IDLE_FOLD` goes off for the triton backend.
