@@ -87,8 +87,8 @@ command_of() {
     # v. The Pallas vector form's tiles on HBM, one decode step a call (L2 flushed before
     # each): run 41 (H100) had the Pallas decode cycle at B=8 and 16 slower than the
     # recurrent decode (18.4 against 15.2 us a step, 29.5 against 26.6), its vector kernel
-    # (with the fold inside) 16.0 and 27.1 us, about a third of copy. sm_90 compiles (triton
-    # 3.6, session 41): the shipped [64, 32] over 4 warps 154 registers, 3 programs an SM (B=8's
+    # (with the fold inside) 16.0 and 27.1 us, the cycle at 34-43% of copy. sm_90 compiles
+    # (triton 3.6, session 41): the shipped [64, 32] over 4 warps 154 registers, 3 programs an SM (B=8's
     # 512 programs in 1.3 waves); [32, 32] over 4 warps 114 and 4, 1008 instructions against
     # 1296; [64, 32] over 2 warps 255, [128, 32] 247. Predicted: [32, 32] over 4 warps the
     # fastest at B=8 and 16 by 5-15%, the 2-warp [64, 32] and [128, 32] the slowest; if a tile

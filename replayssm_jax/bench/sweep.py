@@ -74,8 +74,8 @@ CANDIDATES = {"pallas": (REPLAY, STATE), "triton": (TRITON_REPLAY, TRITON_STATE)
 # The vector form's tiles at T=1 (decode below the split threshold; ``--only vec-tiles``, either
 # backend): the shipped [64, 32] over 4 warps (the triton one since session 41) and its neighbours.
 # Run 41 (H100, L2 flushed between a cycle's steps) had the Pallas decode at B=8 and 16 slower
-# than the recurrent decode (18.4 against 15.2 us, 29.5 against 26.6), its vector kernel at
-# about a third of copy: the tiles beside it, on HBM.
+# than the recurrent decode (18.4 against 15.2 us, 29.5 against 26.6), the cycle at 34-43% of
+# copy, its vector kernel latency-bound: the tiles beside it, on HBM.
 VEC_TILES = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
              for bv, w, kc in [(64, 4, 32), (64, 2, 32), (32, 2, 32), (32, 4, 32), (128, 4, 32),
                                (64, 4, 16), (64, 4, 64), (32, 4, 128)]]
