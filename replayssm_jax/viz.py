@@ -301,7 +301,7 @@ def decode_speedups(result: dict[str, Any], *, ring_len: int = 16) -> dict[int, 
 
 def plot_decode_speedups(ax: Any, arms: dict[str, dict[str, Any]], *, target: float | None = None,
                          ring_len: int = 16) -> None:
-  """`decode_speedups` of each results file in ``arms`` (legend label: file) against B, with
+  """`decode_speedups` of each results file in ``arms`` (legend label: its key) against B, with
   the break-even line at 1 and, if given, a ``target`` line."""
   for i, (name, result) in enumerate(arms.items()):
     speedups = decode_speedups(result, ring_len=ring_len)

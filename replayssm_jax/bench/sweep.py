@@ -118,11 +118,12 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   model = B * Bytes(gdn, T).rssm_verify(wp, T)
   kern = bench.kernels_for(backend)
-  variants = [(form, tuning, {}) for form, tuning in CANDIDATES[backend][0] if forms]
   if vec_tiles:
     capped = [dataclasses.replace(t, block_v=min(t.block_v, gdn.head_v_dim)) for t in VEC_TILES]
     variants = [("vec", t, {}) for t in dict.fromkeys(capped)]
-  elif backend == "pallas":
+  else:
+    variants = [(form, tuning, {}) for form, tuning in CANDIDATES[backend][0] if forms]
+  if backend == "pallas" and not vec_tiles:
     stream = kern.replay_tuning(gdn.head_v_dim, T, B)
     variants += [] if forms else [("split", stream, {})]  # the defaults, to compare with
     if streams:
