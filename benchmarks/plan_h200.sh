@@ -60,31 +60,6 @@ command_of() {
     # against 56.7. On the H200 predicted alike: 1-2 us a step at B=8 and 16, ~4 at B=32.
     # Run 42 (H100) repeated both to 0.5 us; s_triton's `nocond` arm moved the triton fold out
     # of its conditional (item n_triton). On the H200 the triton steps' `before` is owed.
-    s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
-    b) echo 40;; v) echo 80;; h) echo 140;; h_triton) echo 150;; h_ab) echo 100;; h_read) echo 140;;
-    n_pallas) echo 150;; n_triton) echo 250;;
-    *) echo 0;;
-  esac
-}
-command_of() {
-  local steps="--paths recurrent decode --decode-rings 16 --reps 10"
-  local flush="--paths kernels steps --batch 64 256 --reps 15"
-  local extra=${BENCH_EXTRA:-}  # e.g. a CPU smoke run: "--tiny --batch 2 --reps 2 --copy-gib 0.01"
-  case $1 in
-    # s. The steps of a decode cycle with L2 flushed between them (run 37's harness, in one
-    # jitted call). Run 41 (H100): the Pallas split form below 64 rows lost (B=8 21.1 against
-    # 18.4 us a step, B=16 32.5 against 29.5, B=32 even); the triton decode in the split form
-    # from 32 rows and the vector form in [64, 32] tiles below (shipped from run 41) against
-    # the decode before (`before`): B=8 19.4 against 21.5, B=16 32.9 against 33.6, B=32 52.4
-    # against 56.7. On the H200 predicted alike: 1-2 us a step at B=8 and 16, ~4 at B=32.
-    # `nocond`: the triton fold launched in every step, not behind `lax.cond` (`ssm.
-    # SKIP_IDLE_FOLD`). jax-triton's calls keep XLA from deciding the conditional on the
-    # device, so each triton step copies its predicate to the host and idles the GPU for the
-    # round trip: run 41's triton cycles span 24-48 us a step more than their kernels (Pallas:
-    # under 1 us). Predicted: the span falls by 20-45 us a step at every B; the kernel sum
-    # rises by the idle fold (2-3 us at B <= 32; 10-20 at B=256: 65,536 one-warp programs
-    # that load three scalars and exit). If the span falls more than the sum rises at every B,
-    # `SKIP_IDLE_FOLD` goes off for the triton backend.
     s_pallas) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
       "TAG=run44_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
     s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;$BEFORE41\"" \
@@ -136,7 +111,10 @@ command_of() {
     # 512 programs in 1.3 waves); [32, 32] over 4 warps 114 and 4, 1008 instructions against
     # 1296; [64, 32] over 2 warps 255, [128, 32] 247. Predicted: [32, 32] over 4 warps the
     # fastest at B=8 and 16 by 5-15%, the 2-warp [64, 32] and [128, 32] the slowest; if a tile
-    # wins by more than 5%, it moves `KernelTuning.replay_default`'s vector tile.
+    # wins by more than 5%, it moves `KernelTuning.replay_default`'s vector tile. Run 42 (H100):
+    # [32, 32] x4 the fastest from 16 rows (-5%), 10% slower at B=8, and over cycles (run 43,
+    # H200) even: its 32 rows at 4 warps cannot hold the fold's 16-row-a-warp chunks, so the
+    # fold left the kernel for a conditional. [32, 32] x2 (-4%, -3.5%) keeps it: its cycles next.
     v) echo "$PY -m replayssm_jax.bench.sweep --only vec-tiles --batch 8 16 32 --reps 15" \
       "--out \$OUT/sweep_run44_vec_tiles.json";;
     # h. The coefficients kernel's three knobs (session 38; the first on since session 39):
