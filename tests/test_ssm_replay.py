@@ -8,6 +8,7 @@ same inputs; DESIGN section 4). Outputs agree within fp32 rounding on the CPU.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import jax
@@ -336,6 +337,29 @@ def test_fuse_fold_below_picks_by_size(monkeypatch):
   assert not ssm._fuses_fold(dataclasses.replace(spec, backend="xla"), jnp.zeros((16, 4)),
                              ssm.default_state_tuning(spec, V),
                              ssm.default_replay_tuning(spec, V, 4, 16))
+
+
+def test_idle_fold_goes_behind_a_conditional(monkeypatch, request):
+  """A Pallas window of 128 rows folds in a kernel of its own (`ssm.FUSE_FOLD_BELOW`), behind
+  `lax.cond` as `ssm.SKIP_IDLE_FOLD` says (off for triton, whose conditional runs on the host):
+  one conditional more in the step's trace than with the knob off (the kernel bodies, traced
+  for the interpreter, hold their own)."""
+  assert ssm.SKIP_IDLE_FOLD == {"xla": False, "pallas": True, "triton": False}
+  request.addfinalizer(jax.clear_caches)
+  rng = np.random.default_rng(0)
+  pair = Pair.create(4, 16, "pallas", rng)
+  B = ssm.FUSE_FOLD_BELOW["window"]
+  x = pair.window(rng, B, 4)
+  ids = jnp.full(B, -1, jnp.int32).at[0].set(0)
+
+  def conditionals(skip: bool) -> int:
+    monkeypatch.setitem(ssm.SKIP_IDLE_FOLD, "pallas", skip)
+    jax.clear_caches()  # the knob is read at trace time
+    jaxpr = jax.make_jaxpr(functools.partial(ssm.verify, spec=pair.rep_spec))(
+        pair.rep, *x, pair.A_log, pair.dt_bias, ids)
+    return len(re.findall(r"\bcond\[", str(jaxpr)))
+
+  assert conditionals(True) == conditionals(False) + 1
 
 
 # (mode, B) of the alias check, shared with the triton backend's (test_kernels_triton.py).
