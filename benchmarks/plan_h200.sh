@@ -2,8 +2,8 @@
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
 #   ITEMS="n_triton n_pallas" bash benchmarks/plan_h200.sh   # first call (the fold's conditional)
-#   ITEMS="h_read a_pallas h_ab" bash benchmarks/plan_h200.sh   # the next; then "s_triton a_triton",
-#   "s_pallas v c", "h"
+#   ITEMS="n_vec h_read a_pallas" bash benchmarks/plan_h200.sh   # the next
+#   then "h_ab s_triton", "a_triton s_pallas", "v c h"
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
@@ -15,7 +15,7 @@
 # for the triton items.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"n_triton n_pallas h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"n_triton n_pallas n_vec h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -43,7 +43,7 @@ estimate() {
   case $1 in
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; h) echo 140;; h_triton) echo 150;; h_ab) echo 100;; h_read) echo 140;;
-    n_pallas) echo 150;; n_triton) echo 250;;
+    n_pallas) echo 150;; n_triton) echo 250;; n_vec) echo 130;;
     *) echo 0;;
   esac
 }
@@ -83,6 +83,13 @@ command_of() {
     n_pallas) echo "ARMS=\"cond=.|;launch=.|--set ssm.SKIP_IDLE_FOLD=$COND_NONE\"" \
       "TAG=run44_cond_pallas ROUNDS=1 BENCH_ARGS=\"--paths steps --reps 10 --batch 128 256" \
       "$extra\" $AB";;
+    # n_vec: the Pallas vector form in [32, 32] tiles over 2 warps (`kernels.backend.VEC_TILE`),
+    # which keep the fold inside (16 rows a warp), against the shipped [64, 32] over 4. Run 42's
+    # v (H100, kernel alone): 12.5 / 23.5 / 40.9 us at B=8 / 16 / 32 against 12.1 / 24.4 / 42.4.
+    # Predicted: a cycle's step +0.4, -0.9 and -1.5 us, the spans within 1 us of the sums (no
+    # conditional); if it wins at 16 and 32 by 1 us or more, it ships from 16 rows.
+    n_vec) echo "ARMS=\"shipped=.|;x2=.|--set kernels.backend.VEC_TILE=(32,2,32)\"" \
+      "TAG=run44_vec ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write; runs 40-41, H100: 79.8-80.6% and 72.9-73.3%;
     # the triton backend, run 41: 76.7-77.0% and 69.5-69.6%).
@@ -147,7 +154,7 @@ command_of() {
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: n_triton n_pallas h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: n_triton n_pallas n_vec h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi

@@ -540,6 +540,21 @@ def test_knob_validation():
         **inp, tuning=KernelTuning(block_v=16), dot_precision="ieee", interpret=True))
 
 
+@pytest.mark.parametrize("T,B", [(1, 1), (1, 8), (1, 63), (1, 64), (1, 256), (4, 1), (4, 15),
+                                 (4, 16), (4, 256)])
+def test_default_launches_hold_the_fold(T, B, monkeypatch):
+  """Each form's default launch holds whole fold tiles (`replay_split.stream_fold_block_v`), so
+  its programs can fold the flush rows themselves; a vector tile of 32 rows over 4 warps cannot
+  (benchmarks/NOTES.md run 43: its steps folded behind a conditional instead)."""
+  V = 128
+  fold_tuning = KernelTuning.state_default(V)
+  assert replay_split.stream_fold_block_v(KernelTuning.replay_default(V, T, B), fold_tuning) > 0
+  monkeypatch.setattr(backend, "VEC_TILE", (32, 4, 32))
+  narrow = KernelTuning.replay_default(V, T, B)
+  assert (replay_split.stream_fold_block_v(narrow, fold_tuning) == 0) == (
+      backend.replay_form(T, B) == "vec")
+
+
 @pytest.mark.skipif(HAS_GPU, reason="checks the CPU refusal")
 def test_interpret_flag_reaches_pallas_call():
   inp = make_inputs(Case(1, 1, 2, 1, 1, 16, 16, 16))

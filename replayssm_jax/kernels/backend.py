@@ -85,6 +85,13 @@ def round_cpu_products_apart() -> None:
 
 # Rows from which the split form wins: a window (T >= 2), and decode (T = 1).
 SPLIT_MIN_BATCH = {"window": 16, "decode": 64}
+# The Pallas vector form's launch (decode below the split form): (rows of V, warps, K-chunk).
+# Its programs fold their flush rows first, in chunks laid out 16 rows a warp as the fold
+# kernel's, so a tile holds that fold only if its rows are a multiple of 16 x warps
+# (`replay_split.stream_fold_block_v`). [32, 32] over 4 warps does not: its kernel was 5% faster
+# alone (H100, benchmarks/NOTES.md run 42), but the steps then folded in the fold kernel behind a
+# conditional and came out even (H200, run 43).
+VEC_TILE = (64, 4, 32)
 
 
 def replay_form(T: int, B: int) -> str:
@@ -150,7 +157,8 @@ class KernelTuning:
     if form == "split":
       return cls(block_v=min(128, V), num_warps=4, k_chunk=64, num_stages=2)
     if form == "vec":
-      return cls(block_v=min(64, V), num_warps=4, k_chunk=32)
+      block_v, num_warps, k_chunk = VEC_TILE
+      return cls(block_v=min(block_v, V), num_warps=num_warps, k_chunk=k_chunk)
     return cls(block_v=min(32 if B == 1 else 64, V), num_warps=2)
 
   def check(self, V: int, K: int | None = None) -> None:
