@@ -2,7 +2,7 @@
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
 #   ITEMS="n_triton n_pallas" bash benchmarks/plan_h200.sh   # first call (the fold's conditional)
-#   ITEMS="n_vec h_read a_pallas" bash benchmarks/plan_h200.sh   # the next
+#   ITEMS="n_step n_vec h_read a_pallas" bash benchmarks/plan_h200.sh   # the next
 #   then "h_ab s_triton", "a_triton s_pallas", "v c h"
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
@@ -15,7 +15,7 @@
 # for the triton items.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"n_triton n_pallas n_vec h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"n_triton n_pallas n_step n_vec h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -43,7 +43,7 @@ estimate() {
   case $1 in
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; h) echo 140;; h_triton) echo 150;; h_ab) echo 100;; h_read) echo 140;;
-    n_pallas) echo 150;; n_triton) echo 250;; n_vec) echo 130;;
+    n_pallas) echo 150;; n_triton) echo 250;; n_vec) echo 130;; n_step) echo 90;;
     *) echo 0;;
   esac
 }
@@ -83,6 +83,15 @@ command_of() {
     n_pallas) echo "ARMS=\"cond=.|;launch=.|--set ssm.SKIP_IDLE_FOLD=$COND_NONE\"" \
       "TAG=run44_cond_pallas ROUNDS=1 BENCH_ARGS=\"--paths steps --reps 10 --batch 128 256" \
       "$extra\" $AB";;
+    # n_step: the 30-layer verify step (bench.step, B=256, ReplaySSM) with the Pallas fold behind
+    # its conditional and launched in every layer. Run 29 (H200) found 30 `set_case_condition`
+    # kernels in it (the conditional in a command buffer; the single-step calls of bench.kernels
+    # copy the predicate to the host instead, `MemcpyD2H`), and a third of its rows fold in every
+    # layer, so the conditional only costs. Predicted: kernels even (9.76 ms), the span 0.1-0.3
+    # ms shorter launched (run 43: ~10 us of idle GPU after each `set_case_condition`).
+    n_step) echo "$PY -m replayssm_jax.bench.step --batch 256 --modes replayssm --out" \
+      "\$OUT/step_run44_cond.json && $PY -m replayssm_jax.bench.step --batch 256 --modes" \
+      "replayssm --set \"ssm.SKIP_IDLE_FOLD=$COND_NONE\" --out \$OUT/step_run44_launch.json";;
     # n_vec: the Pallas vector form in [32, 32] tiles over 2 warps (`kernels.backend.VEC_TILE`),
     # which keep the fold inside (16 rows a warp), against the shipped [64, 32] over 4. Run 42's
     # v (H100, kernel alone): 12.5 / 23.5 / 40.9 us at B=8 / 16 / 32 against 12.1 / 24.4 / 42.4.
@@ -154,7 +163,7 @@ command_of() {
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: n_triton n_pallas n_vec h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: n_triton n_pallas n_step n_vec h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi

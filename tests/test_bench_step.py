@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from replayssm_jax.bench import step
+from replayssm_jax.kernels import backend as kernel_backend
 
 
 def test_tiny_smoke_run(tmp_path):
@@ -28,6 +29,7 @@ def test_tiny_smoke_run(tmp_path):
     for key in ("median_us", "p20_us", "p80_us"):
       assert math.isfinite(row[key]) and row[key] > 0
     assert row["no_cache_copy"] and row["cache_copies"] == []
+    assert "span_us" in row and row["set"] == {}
     assert row["alias_bytes"] >= row["cache_bytes"] > 0
     assert row["analysis_peak_bytes"] > 0 and row["temp_bytes"] >= 0
   assert rows["replayssm"]["scratch_bytes"] < rows["recurrent"]["scratch_bytes"]
@@ -35,6 +37,27 @@ def test_tiny_smoke_run(tmp_path):
   (summary,) = result["summary"]
   assert summary["B"] == 3 and summary["scratch_vs_peak"] > 0 and summary["speedup"] > 0
   assert result["layers"] == 2 and result["tiny"]
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_set_knob_reaches_every_mode(tmp_path, in_process):
+  """``--set`` reaches each mode's process (the rows record what that process set) and is
+  restored after an in-process run; a knob of no module is refused."""
+  out = tmp_path / "step.json"
+  knob = "kernels.backend.VEC_TILE=(32, 2, 32)"
+  before = kernel_backend.VEC_TILE
+  assert step.main(["--tiny", "--batch", "2", "--layers", "1", "--reps", "2", "--modes",
+                    "replayssm", "--set", knob, "--out", str(out)]
+                   + (["--in-process"] if in_process else [])) == 0
+  result = json.loads(out.read_text())
+  expected = {"replayssm_jax.kernels.backend.VEC_TILE": "(32, 2, 32)"}
+  (row,) = result["rows"]
+  assert row["status"] == "ok", row.get("error")
+  assert result["set"] == row["set"] == expected
+  assert row["span_us"] is None or row["span_us"] > 0  # a span where the device has events
+  assert kernel_backend.VEC_TILE == before
+  with pytest.raises(SystemExit):
+    step.main(["--tiny", "--set", "kernels.backend.NO_SUCH_KNOB=1", "--out", str(out)])
 
 
 def test_budget_stops_before_a_new_batch(tmp_path):

@@ -276,7 +276,7 @@ def main(argv=None) -> int:
   p.add_argument("--only", nargs="+", metavar="PREFIX",
                  help="shipped: only the calls (e.g. fold_replay_verify_T4_B64) or triton "
                       "launches whose name starts with one of these")
-  p.add_argument("--set", type=bench._knob, action="append", default=[],
+  p.add_argument("--set", type=bench.parse_knob, action="append", default=[],
                  metavar="MODULE.NAME=VALUE",
                  help="set a knob of replayssm_jax.MODULE first (repeatable), as "
                       "bench.kernels --set, e.g. kernels.triton.replay_split.HEADS_LOOP=False")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -35,7 +36,7 @@ import math
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -383,7 +384,7 @@ def _rows_or_none(text: str) -> int | None:
   return rows
 
 
-def _knob(text: str) -> tuple[object, str, object]:
+def parse_knob(text: str) -> tuple[object, str, object]:
   """``MODULE.NAME=VALUE`` (argparse type of ``--set``): a constant ``NAME`` of the module
   ``replayssm_jax.MODULE``, set to the Python literal ``VALUE`` for the run."""
   target, sep, literal = text.partition("=")
@@ -402,6 +403,22 @@ def _knob(text: str) -> tuple[object, str, object]:
   except (ValueError, SyntaxError):
     raise argparse.ArgumentTypeError(f"{text!r}: {literal!r} is not a Python literal")
   return module, name, value
+
+
+@contextlib.contextmanager
+def knobs_set(knobs: dict[tuple[object, str], object]) -> Iterator[None]:
+  """Module constants ``{(module, name): value}`` set for the block, then restored. `ssm` and
+  the kernels read them when they trace, so the block starts and ends with no trace cached."""
+  defaults = {knob: getattr(*knob) for knob in knobs}
+  for (module, name), value in knobs.items():
+    setattr(module, name, value)
+  jax.clear_caches()
+  try:
+    yield
+  finally:
+    for (module, name), value in defaults.items():
+      setattr(module, name, value)
+    jax.clear_caches()
 
 
 def main(argv=None) -> int:
@@ -467,7 +484,7 @@ def main(argv=None) -> int:
                  help="the same pass between the steps of a call of several (traffic, decode), "
                       "as the other layers of a model evict L2 between two steps of one "
                       "(bench.timing.FLUSH_BETWEEN_STEPS)")
-  p.add_argument("--set", type=_knob, action="append", default=[], metavar="MODULE.NAME=VALUE",
+  p.add_argument("--set", type=parse_knob, action="append", default=[], metavar="MODULE.NAME=VALUE",
                  help="set a knob of replayssm_jax.MODULE for the run (repeatable), e.g. "
                       "kernels.triton.replay_split.HEADS_LOOP=False")
   args = p.parse_args(argv)
@@ -525,11 +542,7 @@ def main(argv=None) -> int:
           zip(("window", "decode"), args.triton_split_min_batch))
     result["triton_split_min_batch"] = knobs.get((triton_forms, "SPLIT_MIN_BATCH"),
                                                  triton_forms.SPLIT_MIN_BATCH)
-  defaults = {knob: getattr(*knob) for knob in knobs}
-  for (module, name), value in knobs.items():
-    setattr(module, name, value)
-  jax.clear_caches()
-  try:
+  with knobs_set(knobs):
     for B in args.batch:
       if time.monotonic() - start > args.budget_s:
         print(f"stopping before B={B}: the {args.budget_s} s budget is spent", flush=True)
@@ -553,9 +566,6 @@ def main(argv=None) -> int:
               f"{r['tbps']:6.2f} TB/s {r['pct_copy']:5.1f}%  ({span}wall {r['wall_us']:.1f} us)",
               flush=True)
         save()  # after every row: a run cut short keeps what it measured
-  finally:
-    for (module, name), value in defaults.items():
-      setattr(module, name, value)
   save()
   print(f"wrote {args.out}")
   return 0

@@ -11,7 +11,9 @@ donated (`make_step`):
   every layer are restored at the end of the call, so every timed call sees the same phases
   (as `kernels._restoring`).
 
-Measured per (mode, B): the median device time of the step (`timing.time_calls`), the device's
+Measured per (mode, B): the median device time of the step (`timing.time_calls`: its kernels'
+summed time, and its span, first kernel start to last kernel end, which counts the GPU's idle
+gaps inside the step too), the device's
 peak memory (``memory_stats()["peak_bytes_in_use"]``, which cannot be reset: each mode runs in
 a fresh subprocess), the compiled step's `memory_analysis()` (argument, output, alias and temp
 bytes; also on a CPU), and the spec scratch of the mode (``intermediate`` against the six
@@ -26,6 +28,8 @@ the aliasing check reports, so it is a diagnostic, not the measurement.
 
     python -m replayssm_jax.bench.step --out step.json            # GPU: pallas backend
     python -m replayssm_jax.bench.step --tiny --out /tmp/s.json   # CPU smoke run (xla backend)
+    python -m replayssm_jax.bench.step --batch 256 --set "ssm.SKIP_IDLE_FOLD={'xla': False, \
+        'pallas': False, 'triton': False}"   # a knob of the package set in every mode's process
 
 ``--tiny`` runs a tiny geometry on the CPU; its numbers mean nothing. The issue #9 target is
 "peak memory of the ReplaySSM step at B = 256 at least 5x below the recurrent step's spec
@@ -58,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replayssm_jax import GDNConfig, SpecConfig, ssm
-from replayssm_jax.bench.kernels import ACT, TINY, _cursors, _window
+from replayssm_jax.bench.kernels import ACT, TINY, _cursors, _window, knobs_set, parse_knob
 from replayssm_jax.bench.timing import time_calls
 from replayssm_jax.memory import format_bytes
 from replayssm_jax.state import ReplayCache
@@ -407,6 +411,9 @@ def run_mode(mode: str, B: int, *, layers: int, tiny: bool = False, backend: str
     del caches
     row.update(median_us=round(t.median_us, 2), p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2),
                per_layer_us=round(t.median_us / layers, 2), wall_us=round(t.wall_us, 1),
+               # first kernel start to last kernel end: the GPU's idle gaps inside the step
+               # (a conditional's wait, say) count here and not in the kernels' sum
+               span_us=None if math.isnan(t.span_us) else round(t.span_us, 1),
                reps=t.reps, method=t.method,
                kernels=dict(collections.Counter(t.kernels)),
                # Device kernels named like copies (GPU; restoring the cursors may copy a few bytes).
@@ -427,7 +434,7 @@ def _run_child(mode: str, B: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "replayssm_jax.bench.step", "--child", mode, "--batch", str(B),
            "--layers", str(args.layers), "--backend", args.backend, "--layout", args.layout,
            "--reps", str(args.reps), "--out", out] + (["--tiny"] if args.tiny else []) + (
-               [] if args.chain else ["--no-chain"])
+               [] if args.chain else ["--no-chain"]) + [a for k in args.set for a in ("--set", k)]
     env = dict(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
     try:
@@ -530,14 +537,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help="run the modes in this process (no subprocess; the device peak is then shared)")
   p.add_argument("--child-timeout-s", type=float, default=300.0,
                  help="a mode that runs longer is recorded as an error")
+  p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                 help="set a knob of replayssm_jax.MODULE for the run (repeatable), as "
+                      "bench.kernels --set, e.g. \"ssm.SKIP_IDLE_FOLD={'xla': False, "
+                      "'pallas': False, 'triton': False}\"")
   p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)  # one mode, one B -> --out
   args = p.parse_args(argv)
+  try:
+    knobs = {(module, name): value for module, name, value in map(parse_knob, args.set)}
+  except argparse.ArgumentTypeError as e:
+    p.error(str(e))
   args.layers = args.layers or (TINY_LAYERS if args.tiny else geometry(False).num_gdn_layers)
   batches = args.batch or (TINY_BATCHES if args.tiny else BATCHES)
 
+  knobs_named = {f"{module.__name__}.{name}": repr(value) for (module, name), value in knobs.items()}
   if args.child:
-    row = run_mode(args.child, batches[0], layers=args.layers, tiny=args.tiny, backend=args.backend,
-                   layout=args.layout, chain=args.chain, reps=args.reps)
+    with knobs_set(knobs):
+      row = run_mode(args.child, batches[0], layers=args.layers, tiny=args.tiny,
+                     backend=args.backend, layout=args.layout, chain=args.chain, reps=args.reps)
+    row["set"] = knobs_named  # as this process set them
     with open(args.out, "w") as f:
       json.dump(row, f, indent=1)
     return 0
@@ -548,7 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
       python=platform.python_version(), preset=None if args.tiny else PRESET, tiny=args.tiny,
       geometry=dataclasses.asdict(geometry(args.tiny)), layers=args.layers, T=T, L=L,
-      layout=args.layout, chain=args.chain, phases=[list(p) for p in PHASES], rows=rows, summary=[])
+      layout=args.layout, chain=args.chain, phases=[list(p) for p in PHASES],
+      set=knobs_named, rows=rows, summary=[])
 
   def write():
     first = next((r for r in rows if "device" in r), {})
@@ -565,8 +584,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for mode in args.modes:
       print(f"B={B} {mode} ...", flush=True)
       if args.in_process:
-        row = run_mode(mode, B, layers=args.layers, tiny=args.tiny, backend=args.backend,
-                       layout=args.layout, chain=args.chain, reps=args.reps)
+        with knobs_set(knobs):
+          row = run_mode(mode, B, layers=args.layers, tiny=args.tiny, backend=args.backend,
+                         layout=args.layout, chain=args.chain, reps=args.reps)
+        row["set"] = knobs_named
       else:
         row = _run_child(mode, B, args)
       rows.append(row)
