@@ -550,7 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args.layers = args.layers or (TINY_LAYERS if args.tiny else geometry(False).num_gdn_layers)
   batches = args.batch or (TINY_BATCHES if args.tiny else BATCHES)
 
-  knobs_named = {f"{module.__name__}.{name}": repr(value) for (module, name), value in knobs.items()}
+  knobs_named = {f"{module.__name__}.{name}": repr(value)
+                 for (module, name), value in knobs.items()}
   if args.child:
     with knobs_set(knobs):
       row = run_mode(args.child, batches[0], layers=args.layers, tiny=args.tiny,
