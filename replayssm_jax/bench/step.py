@@ -552,11 +552,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   knobs_named = {f"{module.__name__}.{name}": repr(value)
                  for (module, name), value in knobs.items()}
-  if args.child:
+
+  def run_here(mode: str, B: int) -> dict[str, Any]:
+    """`run_mode` in this process under the knobs, which its row names."""
     with knobs_set(knobs):
-      row = run_mode(args.child, batches[0], layers=args.layers, tiny=args.tiny,
-                     backend=args.backend, layout=args.layout, chain=args.chain, reps=args.reps)
-    row["set"] = knobs_named  # as this process set them
+      row = run_mode(mode, B, layers=args.layers, tiny=args.tiny, backend=args.backend,
+                     layout=args.layout, chain=args.chain, reps=args.reps)
+    return dict(row, set=knobs_named)
+
+  if args.child:
+    row = run_here(args.child, batches[0])
     with open(args.out, "w") as f:
       json.dump(row, f, indent=1)
     return 0
@@ -584,13 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       break
     for mode in args.modes:
       print(f"B={B} {mode} ...", flush=True)
-      if args.in_process:
-        with knobs_set(knobs):
-          row = run_mode(mode, B, layers=args.layers, tiny=args.tiny, backend=args.backend,
-                         layout=args.layout, chain=args.chain, reps=args.reps)
-        row["set"] = knobs_named
-      else:
-        row = _run_child(mode, B, args)
+      row = run_here(mode, B) if args.in_process else _run_child(mode, B, args)
       rows.append(row)
       write()
       msg = (f"{row['median_us'] / 1e3:.3f} ms (compile {row['compile_s']} s)" if row.get("status") == "ok"
