@@ -15,8 +15,8 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
   verify: in its checkpoint stream in the split form (windows of 16 to 127 rows, decode from
   64, `FUSE_FOLD_BELOW`), in the one kernel of the UT and vector forms below those sizes
   (`FUSE_FOLD_ONE_KERNEL`); otherwise (windows from 128 rows, decode with `fold_together`) it
-  is a kernel of its own, skipped when no row folds (`SKIP_IDLE_FOLD`; the triton backend's
-  fold is always a kernel of its own, and launched in every step).
+  is a kernel of its own, launched in every step (`SKIP_IDLE_FOLD`; the triton backend's
+  fold is always a kernel of its own).
   With `SpecConfig.fold_together`, the rows of a step that folds also fold along when they
   hold that many records, which keeps rows in phase (exact all the same).
 
@@ -82,17 +82,20 @@ from replayssm_jax.state import RecurrentCache, ReplayCache, SSMCache, cache_typ
 _jit = functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("cache",))
 
 # By backend, whether a step whose rows all have nothing to fold skips the fold kernel
-# (`lax.cond` on "some row folds"; H200 measurements in benchmarks/NOTES.md run 7). Not on the
-# triton backend: jax-triton 0.3.1 lowers its kernels as legacy custom calls, which XLA cannot
-# capture in a command buffer, so the conditional runs on the host, each step copying the
-# predicate back while the GPU idles. With rows out of phase, as a server's are, some row folds
-# in most steps and the conditional only costs; launched in every step, the idle fold's
-# programs read their cursors and exit (benchmarks/NOTES.md runs 42-43, a decode step's span
-# with L2 flushed, launched against skipped: H200 B=8 24.1 against 47.9 us, B=64 83.5 against
-# 96.2; H100 rows out of phase at B=256 288.8 against 314.0; only in phase at B=256, where 15
-# steps of 16 fold nothing, 297.4 against 283.3). jax-triton 0.4 (triton >= 3.7) lowers its
-# calls through the typed FFI instead: not measured there. The reference loops max(count) times.
-SKIP_IDLE_FOLD = {"xla": False, "pallas": True, "triton": False}
+# (`lax.cond` on "some row folds"); on none since session 44, so the fold is launched in every
+# step and its idle programs read their cursors and exit. The conditional costs more than it
+# saves: on the triton backend it runs on the host (jax-triton 0.3.1's legacy custom calls stay
+# out of XLA's command buffers), each step copying the predicate back while the GPU idles (a
+# decode step's span with L2 flushed, launched against skipped: H200 B=8 24.1 against 47.9 us,
+# B=64 83.5 against 96.2; NOTES.md runs 42-43); on the Pallas backend it is decided on the
+# device (`set_case_condition`) and still idles the GPU ~10 us a step: the 30-layer step at
+# B=256 spans 11.52 ms launched against 12.09 skipped (H100, NOTES.md run 44), and a window
+# step of 128 or 256 rows spans 4-30 us less, though without a fold its kernels take 9-19 us
+# more (the idle programs; `kernels.fold.FOLD_ROWS_PER_PROGRAM`). The one loss: decode with
+# `fold_together` and every row in phase, where 15 steps of 16 fold nothing (H100 triton B=256
+# 297.4 against 283.3 us). jax-triton 0.4 (triton >= 3.7) lowers its calls through the typed
+# FFI: not measured there. The reference loops max(count) times.
+SKIP_IDLE_FOLD = {"xla": False, "pallas": False, "triton": False}
 # Below which batch size the Pallas split replay verify folds the flush rows in its checkpoint
 # stream, which reads the checkpoints anyway, instead of in the fold kernel before it; by kind
 # of step ("window": T > 1, "decode": T = 1, "decode-together": T = 1 with
