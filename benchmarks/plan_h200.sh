@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="n_triton n_pallas" bash benchmarks/plan_h200.sh   # first call (the fold's conditional)
-#   ITEMS="n_step n_vec h_read a_pallas" bash benchmarks/plan_h200.sh   # the next
-#   then "h_ab s_triton", "a_triton s_pallas", "v c h"
+#   ITEMS="r_rows r_step" bash benchmarks/plan_h200.sh   # first call (the fold's rows a program)
+#   ITEMS="h_read a_pallas h_ab" bash benchmarks/plan_h200.sh   # the next (on an H200)
+#   then "s_triton a_triton", "s_pallas v", "c h"
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
@@ -15,7 +15,8 @@
 # for the triton items.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"n_triton n_pallas n_step n_vec h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"r_rows r_step h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+RUN=${RUN:-run45}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -34,16 +35,12 @@ NONE="${SCAN%True}False ${RECIP%True}False ${WMMA%True}False"  # each knob set F
 # The triton decode as shipped until run 41: the vector form in [128, 16] tiles below 64 rows.
 BEFORE41="before=.|--set kernels.triton.VEC_BLOCK_V=128 --set kernels.triton.VEC_K_CHUNK=16 --triton-split-min-batch 16 64"
 
-# `ssm.SKIP_IDLE_FOLD` with the conditional on every backend, and on none.
-COND_ALL="{'xla':False,'pallas':True,'triton':True}"
-COND_NONE="{'xla':False,'pallas':False,'triton':False}"
-
 # An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
   case $1 in
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; h) echo 140;; h_triton) echo 150;; h_ab) echo 100;; h_read) echo 140;;
-    n_pallas) echo 150;; n_triton) echo 250;; n_vec) echo 130;; n_step) echo 90;;
+    r_rows) echo 150;; r_step) echo 70;;
     *) echo 0;;
   esac
 }
@@ -59,52 +56,39 @@ command_of() {
     # the decode before (`before`): B=8 19.4 against 21.5, B=16 32.9 against 33.6, B=32 52.4
     # against 56.7. On the H200 predicted alike: 1-2 us a step at B=8 and 16, ~4 at B=32.
     # Run 42 (H100) repeated both to 0.5 us; s_triton's `nocond` arm moved the triton fold out
-    # of its conditional (item n_triton). On the H200 the triton steps' `before` is owed.
+    # of its conditional (run 44, H100: launched in every step, its spans shorter at every
+    # B but the in-phase cycle at B=256, 295.0 against 294.7). On the H200 the triton steps'
+    # `before` is owed.
     s_pallas) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
-      "TAG=run44_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
+      "TAG=${RUN}_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
     s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;$BEFORE41\"" \
-      "TAG=run44_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
-    # n_triton, n_pallas: the fold's conditional (`ssm.SKIP_IDLE_FOLD`, by backend). Run 43
-    # (H200): the Pallas one is decided on the device but still costs ~10 us of span a step
-    # (`set_case_condition` 1.8 us, then the GPU idles: B=16 decode 35.2 us span against 25.6
-    # us of kernels); the triton one runs on the host (B=8 decode span 47.9 against 24.1 us
-    # launched every step), so since session 42 the triton fold is launched in every step.
-    # n_triton: that (`launch`) against the conditional (`cond`) where the idle fold costs most,
-    # 128 and 256 rows. Predicted: steps and cycles with rows out of phase (mixed, spread), which
-    # fold in nearly every step, 25-40 us a step shorter in span; the in-phase cycle at B=256
-    # 10-15 us longer (run 42, H100: 297.4 against 283.3). n_pallas: Pallas windows from 128
-    # rows fold in a kernel of their own behind the conditional: launched in every step
-    # (`launch`) against it (`cond`). Predicted: the mixed step's span 10-20 us shorter at B=128
-    # and 256, its kernel sum unchanged; the no-fold step's sum longer by the idle fold (5-30
-    # us) and its span about even. If `launch` wins the mixed steps, Pallas drops it too.
-    n_triton) echo "ARMS=\"launch=.|;cond=.|--set ssm.SKIP_IDLE_FOLD=$COND_ALL\"" \
-      "TAG=run44_cond_triton ROUNDS=1 BENCH_ARGS=\"--paths decode steps --decode-rings 16" \
-      "--reps 10 --backend triton --batch 128 256 $extra\" $AB";;
-    n_pallas) echo "ARMS=\"cond=.|;launch=.|--set ssm.SKIP_IDLE_FOLD=$COND_NONE\"" \
-      "TAG=run44_cond_pallas ROUNDS=1 BENCH_ARGS=\"--paths steps --reps 10 --batch 128 256" \
-      "$extra\" $AB";;
-    # n_step: the 30-layer verify step (bench.step, B=256, ReplaySSM) with the Pallas fold behind
-    # its conditional and launched in every layer. Run 29 (H200) found 30 `set_case_condition`
-    # kernels in it (the conditional in a command buffer; the single-step calls of bench.kernels
-    # copy the predicate to the host instead, `MemcpyD2H`), and a third of its rows fold in every
-    # layer, so the conditional only costs. Predicted: kernels even (9.76 ms), the span 0.1-0.3
-    # ms shorter launched (run 43: ~10 us of idle GPU after each `set_case_condition`).
-    n_step) echo "$PY -m replayssm_jax.bench.step --batch 256 --modes replayssm --out" \
-      "\$OUT/step_run44_cond.json && $PY -m replayssm_jax.bench.step --batch 256 --modes" \
-      "replayssm --set \"ssm.SKIP_IDLE_FOLD=$COND_NONE\" --out \$OUT/step_run44_launch.json";;
-    # n_vec: the Pallas vector form in [32, 32] tiles over 2 warps (`kernels.backend.VEC_TILE`),
-    # which keep the fold inside (16 rows a warp), against the shipped [64, 32] over 4. Run 42's
-    # v (H100, kernel alone): 12.5 / 23.5 / 40.9 us at B=8 / 16 / 32 against 12.1 / 24.4 / 42.4.
-    # Predicted: a cycle's step +0.4, -0.9 and -1.5 us, the spans within 1 us of the sums (no
-    # conditional); if it wins at 16 and 32 by 1 us or more, it ships from 16 rows.
-    n_vec) echo "ARMS=\"shipped=.|;x2=.|--set kernels.backend.VEC_TILE=(32,2,32)\"" \
-      "TAG=run44_vec ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 $extra\" $AB";;
+      "TAG=${RUN}_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
+    # r_rows: the fold kernel with 1, 2 and 4 batch rows a program, strided by the grid's
+    # (`kernels.fold.FOLD_ROWS_PER_PROGRAM`), now that the fold is launched in every step
+    # (`ssm.SKIP_IDLE_FOLD`, run 44): its idle programs cost a step without a fold 19 us of
+    # kernel time at B=256 (H100: 254.9 against 236.2 us skipped), bound by how fast the GPU
+    # starts 32,768 programs. sm_90 compile (triton 3.6): 128 registers, 8 programs an SM, the
+    # record loop the same 361-364 instructions at every count. Predicted (H100, B=256):
+    # the step without a fold 254.9 -> ~245 (2 rows) / ~240 (4), its span 264 -> ~255 / ~250;
+    # the exact fold (every row, 12 records) 424 -> ~430 / ~440 (longer programs, a worse
+    # tail: run 7's four tiles a program +2.5%); the mixed step 390 -> ~385 at both (a third
+    # of the rows fold: strided, every program gets some); B=128 half of these. If 2 or 4
+    # rows win the no-fold and mixed steps without losing the exact fold by more than 2%,
+    # they ship from 128 rows.
+    r_rows) echo "ARMS=\"r1=.|;r2=.|--set kernels.fold.FOLD_ROWS_PER_PROGRAM=2;r4=.|--set" \
+      "kernels.fold.FOLD_ROWS_PER_PROGRAM=4\" TAG=${RUN}_fold_rows ROUNDS=1 BENCH_ARGS=\"--paths" \
+      "kernels steps --batch 128 256 512 --reps 10 $extra\" $AB";;
+    # r_step: the 30-layer verify step (bench.step, B=256, ReplaySSM) at 1, 2 and 4 rows a
+    # fold program. Run 44 (H100, 1 row): 11.56 ms of kernels, span 11.52. Predicted: the
+    # span ~0.15-0.3 ms shorter at 4 rows (a third of each layer's rows fold).
+    r_step) for r in 1 2 4; do echo -n "$PY -m replayssm_jax.bench.step --batch 256 --modes" \
+      "replayssm --set kernels.fold.FOLD_ROWS_PER_PROGRAM=$r --out \$OUT/step_${RUN}_rows$r.json; "; done;;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write; runs 40-41, H100: 79.8-80.6% and 72.9-73.3%;
     # the triton backend, run 41: 76.7-77.0% and 69.5-69.6%).
-    a_pallas) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run44_flush" \
+    a_pallas) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=${RUN}_flush" \
       "ROUNDS=2 BENCH_ARGS=\"$flush $extra\" $AB";;
-    a_triton) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=run44_flush_triton" \
+    a_triton) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=${RUN}_flush_triton" \
       "ROUNDS=2 BENCH_ARGS=\"$flush --backend triton $extra\" $AB";;
     # b. The coefficients kernel beside the stream's K-loop under clean L2 (run 30 measured it
     # under the write flush only: the pair's span 49.1 us against the loop's 41.9 at B=64;
@@ -118,7 +102,7 @@ command_of() {
     # against 28.1 us), [64, 32] 26.8, the split form 27.7-29.0; at B=32 the split form won
     # (43.6-44.7 against the vector form's best 45.5). On the H200 again, beside item s_triton.
     c) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay --T 1" \
-      "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_run44_triton_decode.json";;
+      "--batch 8 16 32 64 --reps 15 --out \$OUT/sweep_${RUN}_triton_decode.json";;
     # v. The Pallas vector form's tiles on HBM, one decode step a call (L2 flushed before
     # each): run 41 (H100) had the Pallas decode cycle at B=8 and 16 slower than the
     # recurrent decode (18.4 against 15.2 us a step, 29.5 against 26.6), its vector kernel
@@ -132,7 +116,7 @@ command_of() {
     # H200) even: its 32 rows at 4 warps cannot hold the fold's 16-row-a-warp chunks, so the
     # fold left the kernel for a conditional. [32, 32] x2 (-4%, -3.5%) keeps it: its cycles next.
     v) echo "$PY -m replayssm_jax.bench.sweep --only vec-tiles --batch 8 16 32 --reps 15" \
-      "--out \$OUT/sweep_run44_vec_tiles.json";;
+      "--out \$OUT/sweep_${RUN}_vec_tiles.json";;
     # h. The coefficients kernel's three knobs (session 38; the first on since session 39):
     # its history weights by a running sum, its window normalised by a division a row, its
     # window's own products on the tensor cores. sm_90 compile, T=4 B=64: 2304 instructions,
@@ -144,18 +128,18 @@ command_of() {
     # the B=256 decode step -1.5 to -2.5: the window dot does not apply at T=1).
     h) echo "$PY -m replayssm_jax.bench.sweep --only coefficients --knobs coefficient_history_scan" \
       "coefficient_reciprocal_norms coefficient_window_mma --T 4 1 --batch 64 256 --reps 20" \
-      "--out \$OUT/sweep_run44_coefficients.json";;
-    h_ab) echo "ARMS=\"none=.|$NONE;all=.|$SCAN $RECIP $WMMA\" TAG=run44_coefficients ROUNDS=1" \
+      "--out \$OUT/sweep_${RUN}_coefficients.json";;
+    h_ab) echo "ARMS=\"none=.|$NONE;all=.|$SCAN $RECIP $WMMA\" TAG=${RUN}_coefficients ROUNDS=1" \
       "BENCH_ARGS=\"--paths kernels decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     # h_read: the two knobs that pay on the H100 (the running sum, the window dot) against
     # none under the read flush, where run 36 left the B=64 verify at 48.3-48.6 us (73.7-74.5%
     # of copy): predicted 47.6-47.9 (74.9-75.6%, #4's 75%), B=256 -1.5 to -2.5 us.
-    h_read) echo "ARMS=\"none=.|--l2-flush read $NONE;on=.|--l2-flush read $SCAN $WMMA ${RECIP%True}False\" TAG=run44_read" \
+    h_read) echo "ARMS=\"none=.|--l2-flush read $NONE;on=.|--l2-flush read $SCAN $WMMA ${RECIP%True}False\" TAG=${RUN}_read" \
       "ROUNDS=2 BENCH_ARGS=\"--paths kernels steps --batch 64 256 --reps 15 $extra\" $AB";;
     # The same in the triton backend (sm_90: T=1 1872 -> 1680 instructions, 126 -> 102
     # registers; T=4 1808 -> 1688): its coefficients kernel ~32 us at B=256, T=4 (run 35).
     h_triton) echo "ARMS=\"mask=.|$(knob triton.replay_split.HISTORY_SCAN False);scan=.|$(knob triton.replay_split.HISTORY_SCAN True)\"" \
-      "TAG=run44_history_scan_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths kernels" \
+      "TAG=${RUN}_history_scan_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths kernels" \
       "decode --batch 64 256 --decode-rings 16 --reps 15 $extra\" $AB";;
     *) return 1;;
   esac
@@ -163,7 +147,7 @@ command_of() {
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: n_triton n_pallas n_step n_vec h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: r_rows r_step h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi

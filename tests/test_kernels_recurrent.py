@@ -176,8 +176,18 @@ def test_fold_cache_prefetches_keep_the_bits(records, ahead, interpret):
              prefetch_tile_ahead=ahead)
 
 
+@pytest.mark.parametrize("rows, ahead", [(2, 0), (3, 1), (8, 1)])
+def test_fold_strided_rows_keep_the_bits(rows, ahead, interpret):
+  """A program folding ``rows`` batch rows, strided by the grid's (2 and 3 divide none of the
+  5 rows; 8 is more than the batch), folds each row as a program of its own: the rows with
+  records bitwise, the rows without (count 0) and the padding rows left alone."""
+  check_fold((5, 4, 2, 4, 16, 32, 8), jnp.bfloat16, interpret, idle_rows=True,
+             rows_per_program=rows, prefetch_tile_ahead=ahead)
+
+
 @pytest.mark.parametrize("launch, message", [
     (dict(v_blocks=3), "v_blocks=3 must divide the 2 tiles"),
+    (dict(rows_per_program=0), "rows_per_program=0 must be >= 1"),
     (dict(prefetch_at="middle"), "prefetch_at='middle'; expected one of"),
     (dict(prefetch_records_to="L3"), "prefetch_records_to='L3'; expected one of"),
     (dict(prefetch_tile_ahead=-1), "prefetch_tile_ahead=-1 must be >= 0"),
@@ -193,7 +203,8 @@ def test_fold_refuses_an_unknown_launch(launch, message):
               **launch)
 
 
-def check_fold(case, dtype, interpret, **launch):
+def check_fold(case, dtype, interpret, idle_rows=False, **launch):
+  """Fold 1..T records (0..T with ``idle_rows``) of each row: bitwise the recurrent state."""
   B, T, H, HV, K, V, bv = case
   L = 16
   rng = np.random.default_rng(11)
@@ -207,7 +218,10 @@ def check_fold(case, dtype, interpret, **launch):
 
   base = rng.integers(0, L, B).astype(np.int32)
   rings = ring_from_tokens(x, slots, L, base, rng)
-  count = jnp.asarray(rng.integers(1, T + 1, B), jnp.int32)
+  count = rng.integers(1, T + 1, B)
+  if idle_rows:  # row 1 folds nothing
+    count[1] = 0
+  count = jnp.asarray(count, jnp.int32)
   folded = fold.fold(x["ssm"], *rings, slots, count, jnp.asarray(base), tuning=tuning,
                      interpret=interpret, **launch)
   folded_x = fold.fold_reference(x["ssm"], *rings, slots, count, jnp.asarray(base))
@@ -215,7 +229,9 @@ def check_fold(case, dtype, interpret, **launch):
     if slot < 0:
       continue
     n = int(count[row])
-    np.testing.assert_array_equal(np.asarray(folded[slot]), np.asarray(inter[slot, n - 1]))
-    np.testing.assert_array_equal(np.asarray(folded_x[slot]), np.asarray(inter_x[slot, n - 1]))
+    want = np.asarray(x["ssm"][slot]) if n == 0 else np.asarray(inter[slot, n - 1])
+    want_x = np.asarray(x["ssm"][slot]) if n == 0 else np.asarray(inter_x[slot, n - 1])
+    np.testing.assert_array_equal(np.asarray(folded[slot]), want)
+    np.testing.assert_array_equal(np.asarray(folded_x[slot]), want_x)
   untouched = np.setdiff1d(np.arange(6), np.asarray(slots)[np.asarray(slots) >= 0])
   np.testing.assert_array_equal(np.asarray(folded)[untouched], np.asarray(x["ssm"])[untouched])
