@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="r_rows r_step" bash benchmarks/plan_h200.sh   # first call (the fold's rows a program)
-#   ITEMS="h_read a_pallas h_ab" bash benchmarks/plan_h200.sh   # the next (on an H200)
+#   ITEMS="h_read a_pallas h_ab" bash benchmarks/plan_h200.sh   # first call (on an H200)
 #   then "s_triton a_triton", "s_pallas v", "c h"
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
@@ -15,8 +14,8 @@
 # for the triton items.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"r_rows r_step h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
-RUN=${RUN:-run45}  # the files' tag
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+RUN=${RUN:-run46}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -40,7 +39,6 @@ estimate() {
   case $1 in
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; h) echo 140;; h_triton) echo 150;; h_ab) echo 100;; h_read) echo 140;;
-    r_rows) echo 150;; r_step) echo 70;;
     *) echo 0;;
   esac
 }
@@ -63,26 +61,6 @@ command_of() {
       "TAG=${RUN}_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
     s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;$BEFORE41\"" \
       "TAG=${RUN}_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
-    # r_rows: the fold kernel with 1, 2 and 4 batch rows a program, strided by the grid's
-    # (`kernels.fold.FOLD_ROWS_PER_PROGRAM`), now that the fold is launched in every step
-    # (`ssm.SKIP_IDLE_FOLD`, run 44): its idle programs cost a step without a fold 19 us of
-    # kernel time at B=256 (H100: 254.9 against 236.2 us skipped), bound by how fast the GPU
-    # starts 32,768 programs. sm_90 compile (triton 3.6): 128 registers, 8 programs an SM, the
-    # record loop the same 361-364 instructions at every count. Predicted (H100, B=256):
-    # the step without a fold 254.9 -> ~245 (2 rows) / ~240 (4), its span 264 -> ~255 / ~250;
-    # the exact fold (every row, 12 records) 424 -> ~430 / ~440 (longer programs, a worse
-    # tail: run 7's four tiles a program +2.5%); the mixed step 390 -> ~385 at both (a third
-    # of the rows fold: strided, every program gets some); B=128 half of these. If 2 or 4
-    # rows win the no-fold and mixed steps without losing the exact fold by more than 2%,
-    # they ship from 128 rows.
-    r_rows) echo "ARMS=\"r1=.|;r2=.|--set kernels.fold.FOLD_ROWS_PER_PROGRAM=2;r4=.|--set" \
-      "kernels.fold.FOLD_ROWS_PER_PROGRAM=4\" TAG=${RUN}_fold_rows ROUNDS=1 BENCH_ARGS=\"--paths" \
-      "kernels steps --batch 128 256 512 --reps 10 $extra\" $AB";;
-    # r_step: the 30-layer verify step (bench.step, B=256, ReplaySSM) at 1, 2 and 4 rows a
-    # fold program. Run 44 (H100, 1 row): 11.56 ms of kernels, span 11.52. Predicted: the
-    # span ~0.15-0.3 ms shorter at 4 rows (a third of each layer's rows fold).
-    r_step) for r in 1 2 4; do echo -n "$PY -m replayssm_jax.bench.step --batch 256 --modes" \
-      "replayssm --set kernels.fold.FOLD_ROWS_PER_PROGRAM=$r --out \$OUT/step_${RUN}_rows$r.json; "; done;;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write; runs 40-41, H100: 79.8-80.6% and 72.9-73.3%;
     # the triton backend, run 41: 76.7-77.0% and 69.5-69.6%).
@@ -147,7 +125,7 @@ command_of() {
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: r_rows r_step h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi

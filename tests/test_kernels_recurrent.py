@@ -176,18 +176,14 @@ def test_fold_cache_prefetches_keep_the_bits(records, ahead, interpret):
              prefetch_tile_ahead=ahead)
 
 
-@pytest.mark.parametrize("rows, ahead", [(2, 0), (3, 1), (8, 1)])
-def test_fold_strided_rows_keep_the_bits(rows, ahead, interpret):
-  """A program folding ``rows`` batch rows, strided by the grid's (2 and 3 divide none of the
-  5 rows; 8 is more than the batch), folds each row as a program of its own: the rows with
-  records bitwise, the rows without (count 0) and the padding rows left alone."""
-  check_fold((5, 4, 2, 4, 16, 32, 8), jnp.bfloat16, interpret, idle_rows=True,
-             rows_per_program=rows, prefetch_tile_ahead=ahead)
+@pytest.mark.parametrize("launch", [{}, dict(v_blocks=2, interleave=True)], ids=["tile", "pair"])
+def test_fold_leaves_rows_without_records_alone(launch, interpret):
+  """A row with no record to fold (count 0) keeps its checkpoint beside rows that fold."""
+  check_fold((5, 4, 2, 4, 16, 32, 8), jnp.bfloat16, interpret, idle_rows=True, **launch)
 
 
 @pytest.mark.parametrize("launch, message", [
     (dict(v_blocks=3), "v_blocks=3 must divide the 2 tiles"),
-    (dict(rows_per_program=0), "rows_per_program=0 must be >= 1"),
     (dict(prefetch_at="middle"), "prefetch_at='middle'; expected one of"),
     (dict(prefetch_records_to="L3"), "prefetch_records_to='L3'; expected one of"),
     (dict(prefetch_tile_ahead=-1), "prefetch_tile_ahead=-1 must be >= 0"),

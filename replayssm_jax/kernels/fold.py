@@ -65,13 +65,6 @@ FOLD_RECORD_ORDER = RECORD_LOADS
 PREFETCH_RECORDS_TO = ("off", *cache.LEVELS)
 FOLD_PREFETCH_RECORDS_TO = "L1"
 FOLD_PREFETCH_TILE_AHEAD = 132
-# Batch rows one fold program folds, one after another: row r, r + G, r + 2G, ... of a grid of
-# G = ceil(B / rows) rows (1: a program a row). A step launches the fold whether or not a row
-# folds (`ssm.SKIP_IDLE_FOLD`), and most programs then only read their row's count and exit:
-# at B=256 32,768 such programs cost 19 us of the 236 us step without a fold (H100, NOTES.md
-# run 44), bound by how fast the GPU starts programs. Strided rows keep the work of a step
-# whose flush rows bunch (the mixed step's first third) spread over all programs.
-FOLD_ROWS_PER_PROGRAM = 1
 # The cache rings `fold` reads, in the order of its arguments.
 RING_NAMES = ("ring_rawk", "ring_rawv", "ring_g", "ring_beta")
 
@@ -242,22 +235,12 @@ def _fold_kernel(
     loop: FoldLoop,
     v_blocks: int,
     tile_ahead: int,
-    rows_per_program: int,
     compiled: bool,
 ):
   del ssm_in_ref  # the same buffer as ssm_ref
   row, h, j = row_ids()
-  rows = v_blocks * loop.block_v
-  fold_row = functools.partial(
-      fold_tiles, ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, loop=loop,
-      first_row=j * rows, tiles=v_blocks, h=h, kh=h // gqa_ratio, ring_len=ring_len,
-      compiled=compiled)
-  if rows_per_program > 1:
-    _fold_strided_rows(slot_ids_ref, count_ref, cache_base_ref, ssm_ref, fold_row, first=row,
-                       h=h, tile_rows=j * rows + jnp.arange(rows, dtype=jnp.int32),
-                       rows_per_program=rows_per_program, tile_ahead=tile_ahead > 0 and compiled)
-    return
   slot, count, base = slot_ids_ref[row], count_ref[row], cache_base_ref[row]
+  rows = v_blocks * loop.block_v
   if tile_ahead and compiled:
     # The checkpoint tile of the program launched `tile_ahead` after this one, into L2, if it
     # folds: programs start in launch order as others end, so it starts about when this one
@@ -274,37 +257,9 @@ def _fold_kernel(
 
   @pl.when((slot >= 0) & (count > 0))
   def _fold():
-    fold_row(slot=slot, count=count, base=base)
-
-
-def _fold_strided_rows(slot_ids_ref, count_ref, cache_base_ref, ssm_ref, fold_row, *, first, h,
-                       tile_rows, rows_per_program: int, tile_ahead: bool) -> None:
-  """`fold_row` of the batch rows ``first + i * G`` (G the grid's rows, i < rows_per_program)
-  that fold, each asking L2 for its next row's checkpoint tile first (``tile_ahead``)."""
-  B = slot_ids_ref.shape[0]
-  stride = pl.cdiv(B, rows_per_program)
-
-  def cursors(row):
-    row_c = jnp.minimum(row, B - 1)
-    slot, count = slot_ids_ref[row_c], count_ref[row_c]
-    return slot, count, (row < B) & (slot >= 0) & (count > 0), row_c
-
-  def one_row(i, carry):
-    slot, count, folds, row = cursors(first + i * stride)
-    if tile_ahead:
-      slot_n, _, folds_n, _ = cursors(first + (i + 1) * stride)
-
-      @pl.when(folds_n & (i + 1 < rows_per_program))
-      def _next_tile():
-        cache.prefetch_lines(ssm_ref, (slot_n, h), tile_rows, 0, ssm_ref.shape[-1], level="L2")
-
-    @pl.when(folds)
-    def _fold():
-      fold_row(slot=slot, count=count, base=cache_base_ref[row])
-
-    return carry
-
-  jax.lax.fori_loop(0, rows_per_program, one_row, 0)
+    fold_tiles(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, loop=loop,
+               first_row=j * rows, tiles=v_blocks, slot=slot, h=h,
+               kh=h // gqa_ratio, count=count, base=base, ring_len=ring_len, compiled=compiled)
 
 
 def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base):
@@ -326,13 +281,13 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch",
                                              "interleave", "normalize_ahead", "prefetch_at",
                                              "record_order", "prefetch_records_to",
-                                             "prefetch_tile_ahead", "rows_per_program"))
+                                             "prefetch_tile_ahead"))
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
          tuning: KernelTuning, interpret: bool, v_blocks: int | None = None,
          prefetch: bool | None = None, interleave: bool | None = None,
          normalize_ahead: bool | None = None, prefetch_at: str | None = None,
          record_order: tuple[str, ...] | None = None, prefetch_records_to: str | None = None,
-         prefetch_tile_ahead: int | None = None, rows_per_program: int | None = None):
+         prefetch_tile_ahead: int | None = None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
@@ -357,10 +312,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     prefetch_records_to: the cache level ("L1", "L2") a program prefetches its records to
       when it starts, or "off" (`PREFETCH_RECORDS_TO`; default `FOLD_PREFETCH_RECORDS_TO`).
     prefetch_tile_ahead: prefetch into L2 the checkpoint tile of the program this many
-      launches later, 0 for none (default `FOLD_PREFETCH_TILE_AHEAD`); with
-      ``rows_per_program`` > 1, any value > 0 prefetches a program's next row's tile.
-    rows_per_program: batch rows a program folds, strided by the grid's rows (default
-      `FOLD_ROWS_PER_PROGRAM`; at most B).
+      launches later, 0 for none (default `FOLD_PREFETCH_TILE_AHEAD`).
     None changes the arithmetic: every launch folds to the same bits.
 
   Returns:
@@ -382,23 +334,18 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
   tile_ahead = FOLD_PREFETCH_TILE_AHEAD if prefetch_tile_ahead is None else prefetch_tile_ahead
   if tile_ahead < 0:
     raise ValueError(f"fold: prefetch_tile_ahead={tile_ahead} must be >= 0.")
-  rows_per_program = FOLD_ROWS_PER_PROGRAM if rows_per_program is None else rows_per_program
-  if rows_per_program < 1:
-    raise ValueError(f"fold: rows_per_program={rows_per_program} must be >= 1.")
-  rows_per_program = min(rows_per_program, B)
   if v_blocks < 1 or tiles % v_blocks:
     raise ValueError(f"fold: v_blocks={v_blocks} must divide the {tiles} tiles of "
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
   order_tag = "".join(n[0] for n in loop.record_order)  # kernel names take no "-"
   kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, loop=loop,
-                             v_blocks=v_blocks, tile_ahead=tile_ahead,
-                             rows_per_program=rows_per_program, compiled=not interpret)
+                             v_blocks=v_blocks, tile_ahead=tile_ahead, compiled=not interpret)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct(ssm.shape, ssm.dtype),
-      grid=row_grid(pl.cdiv(B, rows_per_program), HV, V // (tuning.block_v * v_blocks)),
+      grid=row_grid(B, HV, V // (tuning.block_v * v_blocks)),
       input_output_aliases={list(inputs).index("ssm"): 0},
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
@@ -408,8 +355,7 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
            f"{'_end' if loop.prefetch and loop.prefetch_at == 'end' else ''}"
            f"{'' if loop.record_order == RECORD_LOADS else '_o' + order_tag}"
            f"{'_c' + loop.prefetch_records_to if loop.prefetch_records_to else ''}"
-           f"{f'_t{tile_ahead}' if tile_ahead else ''}"
-           f"{f'_r{rows_per_program}' if rows_per_program > 1 else ''}",
+           f"{f'_t{tile_ahead}' if tile_ahead else ''}",
   )(*inputs.values())
 
 
