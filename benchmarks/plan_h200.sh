@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="h_read a_pallas h_ab" bash benchmarks/plan_h200.sh   # first call (on an H200)
-#   then "s_triton a_triton", "s_pallas v", "c h"
+#   ITEMS="t_together h_read a_pallas" bash benchmarks/plan_h200.sh   # first call (an H200)
+#   then "h_ab s_triton", "a_triton s_pallas", "v c h"
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
@@ -14,7 +14,7 @@
 # for the triton items.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"t_together h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
 RUN=${RUN:-run46}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
@@ -38,7 +38,7 @@ BEFORE41="before=.|--set kernels.triton.VEC_BLOCK_V=128 --set kernels.triton.VEC
 estimate() {
   case $1 in
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
-    b) echo 40;; v) echo 80;; h) echo 140;; h_triton) echo 150;; h_ab) echo 100;; h_read) echo 140;;
+    b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;; h_ab) echo 100;; h_read) echo 140;;
     *) echo 0;;
   esac
 }
@@ -61,6 +61,16 @@ command_of() {
       "TAG=${RUN}_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
     s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;$BEFORE41\"" \
       "TAG=${RUN}_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
+    # t_together: Pallas decode with `fold_together` (rows in phase: a cycle folds in 1 step of
+    # 16), the only Pallas path that ran its fold behind the conditional for the in-phase case
+    # the conditional suits, launched in every step since session 44 (`launch`) against the
+    # conditional (`cond`). Run 25 (H200, with it): 197.4 us a step in phase at B=256; run 45:
+    # the idle fold costs a step 18 us of kernels at B=256. Predicted: `cond` 5-10 us a step
+    # shorter in span at B=256 (the idle fold against ~10 us of idle GPU after
+    # `set_case_condition`), even at B=64; if so, SKIP_IDLE_FOLD goes by kind of step.
+    t_together) echo "ARMS=\"launch=.|--fold-together 0.5;cond=.|--fold-together 0.5 --set" \
+      "ssm.SKIP_IDLE_FOLD={'xla':False,'pallas':True,'triton':False}\" TAG=${RUN}_together" \
+      "ROUNDS=1 BENCH_ARGS=\"$steps --batch 64 256 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write; runs 40-41, H100: 79.8-80.6% and 72.9-73.3%;
     # the triton backend, run 41: 76.7-77.0% and 69.5-69.6%).
@@ -125,7 +135,7 @@ command_of() {
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi
