@@ -38,7 +38,8 @@ BEFORE41="before=.|--set kernels.triton.VEC_BLOCK_V=128 --set kernels.triton.VEC
 estimate() {
   case $1 in
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
-    b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;; h_ab) echo 100;; h_read) echo 140;;
+    b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;;
+    h_ab) echo 100;; h_read) echo 140;;
     *) echo 0;;
   esac
 }

@@ -92,9 +92,10 @@ _jit = functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("c
 # B=256 spans 11.52 ms launched against 12.09 skipped (H100, NOTES.md run 44), and a window
 # step of 128 or 256 rows spans 4-30 us less, though without a fold its kernels take 9-19 us
 # more (its idle programs; fewer programs folding several rows each lost more in the fold,
-# NOTES.md run 45). The one loss: decode with `fold_together` and every row in phase, where
-# 15 steps of 16 fold nothing (H100 triton B=256 297.4 against 283.3 us). jax-triton 0.4
-# (triton >= 3.7) lowers its calls through the typed FFI: not measured there. The reference loops max(count) times.
+# NOTES.md run 45). The case it may suit: decode with `fold_together`, every row in phase,
+# where 15 steps of 16 fold nothing (H100 triton B=256: 297.4 against 283.3 us in run 42, even
+# in run 44; Pallas: plan item t_together). jax-triton 0.4 (triton >= 3.7) lowers its calls
+# through the typed FFI: not measured there. The reference loops max(count) times.
 SKIP_IDLE_FOLD = {"xla": False, "pallas": False, "triton": False}
 # Below which batch size the Pallas split replay verify folds the flush rows in its checkpoint
 # stream, which reads the checkpoints anyway, instead of in the fold kernel before it; by kind
