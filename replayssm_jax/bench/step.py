@@ -29,7 +29,7 @@ the aliasing check reports, so it is a diagnostic, not the measurement.
     python -m replayssm_jax.bench.step --out step.json            # GPU: pallas backend
     python -m replayssm_jax.bench.step --tiny --out /tmp/s.json   # CPU smoke run (xla backend)
     python -m replayssm_jax.bench.step --batch 256 --set "ssm.SKIP_IDLE_FOLD={'xla': False, \
-        'pallas': False, 'triton': False}"   # a knob of the package set in every mode's process
+        'pallas': True, 'triton': False}"   # a knob of the package set in every mode's process
 
 ``--tiny`` runs a tiny geometry on the CPU; its numbers mean nothing. The issue #9 target is
 "peak memory of the ReplaySSM step at B = 256 at least 5x below the recurrent step's spec
@@ -540,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                  help="set a knob of replayssm_jax.MODULE for the run (repeatable), as "
                       "bench.kernels --set, e.g. \"ssm.SKIP_IDLE_FOLD={'xla': False, "
-                      "'pallas': False, 'triton': False}\"")
+                      "'pallas': True, 'triton': False}\"")
   p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)  # one mode, one B -> --out
   args = p.parse_args(argv)
   try:
