@@ -298,6 +298,56 @@ def test_kernel_table_shows_rows_without_quantiles():
   assert "span" not in table  # files from before run 37 keep their columns
 
 
+def test_ab_table_puts_the_arms_side_by_side():
+  """One row per (B, path) of any arm, a column an arm; an arm without the row shows "-"; the
+  fastest arm goes by span where every arm has one, else by median."""
+  from replayssm_jax.bench import report
+
+  def row(kernel, B, us, span):
+    return dict(kernel=kernel, B=B, L=16, wp=-1, median_us=us, span_us=span)
+
+  arms = {"cond": {"rows": [row("rssm_step_mixed", 256, 393.1, 416.2),
+                            row("rssm_step_mixed", 128, 210.8, None)]},
+          "launch": {"rows": [row("rssm_step_mixed", 256, 390.1, 397.8),
+                              row("rssm_step_mixed", 128, 212.0, None),
+                              row("rssm_decode_cycle", 64, 77.9, 77.3)]}}
+  lines = report.ab_table(arms).splitlines()
+  assert lines[0] == "| B | path | cond us | launch us | fastest |"
+  assert lines[2] == ("| 64 | rssm_decode_cycle L=16 (per step) | - | 77.9 / 77.3 "
+                      "| launch (span) |")
+  assert lines[3] == "| 128 | rssm_step_mixed | 210.8 / - | 212.0 / - | cond |"
+  assert lines[4] == "| 256 | rssm_step_mixed | 393.1 / 416.2 | 390.1 / 397.8 | launch (span) |"
+
+
+@pytest.mark.parametrize("names, labels", [
+    (["out/ab_x_r1_1.json", "out/ab_x_r4_1.json"], ["r1_1", "r4_1"]),
+    (["a/ab_x_on_1.json", "b/ab_x_on_1.json"], ["a/ab_x_on_1", "b/ab_x_on_1"]),
+    (["ab_x_write_1.json"], ["ab_x_write_1"])])
+def test_arm_labels_drop_the_shared_stem(names, labels):
+  from replayssm_jax.bench import report
+  assert report.arm_labels(names) == labels
+
+
+def test_report_ab_cli(tmp_path, capsys):
+  """`bench.report --ab` prints each arm's machine, flush and knobs above the table."""
+  from replayssm_jax.bench import report
+
+  for arm, us in (("cond", 393.1), ("launch", 390.1)):
+    result = dict(device="NVIDIA H200", copy_tbps=4.27, l2_flush="read",
+                  set={"replayssm_jax.ssm.SKIP_IDLE_FOLD": "{}"} if arm == "cond" else {},
+                  rows=[dict(kernel="rssm_step_mixed", B=256, L=16, wp=-1, median_us=us)])
+    (tmp_path / f"ab_t_{arm}_1.json").write_text(json.dumps(result))
+  assert report.main(["--ab", str(tmp_path / "ab_t_cond_1.json"),
+                      str(tmp_path / "ab_t_launch_1.json")]) == 0
+  out = capsys.readouterr().out
+  assert ("- cond_1: NVIDIA H200, copy 4.27 TB/s, L2 flushed by a read pass; "
+          "ssm.SKIP_IDLE_FOLD={}") in out
+  assert "- launch_1: NVIDIA H200, copy 4.27 TB/s, L2 flushed by a read pass; defaults" in out
+  assert "| 256 | rssm_step_mixed | 393.1 / - | 390.1 / - | launch_1 |" in out
+  with pytest.raises(SystemExit):
+    report.main([str(tmp_path / "ab_t_cond_1.json"), str(tmp_path / "ab_t_launch_1.json")])
+
+
 def test_kernel_table_shows_the_span_where_recorded():
   """A row's device span (first kernel's start to last kernel's end) gets a column when any
   row has one; rows without it (the CPU's host clock) say so."""

@@ -1,12 +1,15 @@
-"""Markdown tables from a benchmark results file (`replayssm_jax.bench.kernels`).
+"""Markdown tables from a benchmark results file (`replayssm_jax.bench.kernels`), or arms of
+an A/B run (`benchmarks/ab_h200.sh`) side by side.
 
     python -m replayssm_jax.bench.report benchmarks/results_h200.json
+    python -m replayssm_jax.bench.report --ab benchmarks/ab_h200_run45_fold_rows_r{1,2,4}_1.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import NamedTuple
 
@@ -145,11 +148,66 @@ def fit_table(result: dict, min_batch: int = 64) -> str:
   return "\n".join(lines)
 
 
+def arm_labels(names: list[str]) -> list[str]:
+  """Short labels of A/B result files: their stems less the stem all share up to a "_"
+  (``ab_x_r1_1.json``, ``ab_x_r2_1.json`` -> ``r1_1``, ``r2_1``)."""
+  stems = [os.path.splitext(os.path.basename(n))[0] for n in names]
+  if len(set(stems)) < len(stems):
+    return [os.path.splitext(n)[0] for n in names]  # same stems, other folders: the paths
+  common = os.path.commonprefix(stems)
+  cut = common.rfind("_") + 1 if len(stems) > 1 else 0
+  return [stem[cut:] for stem in stems]
+
+
+def ab_table(arms: dict[str, dict]) -> str:
+  """One row per (B, path) of any arm, one column per arm: median us / span us ("-" where the
+  arm lacks the row or its span), then the arm with the shortest median (the span where
+  every arm has one; a call's span counts the GPU's idle gaps, the median does not)."""
+  cells: dict[tuple, dict[str, dict]] = {}
+  for name, result in arms.items():
+    for row in result["rows"]:
+      cells.setdefault((row["B"], path_label(row)), {})[name] = row
+  lines = ["| B | path | " + " | ".join(f"{name} us" for name in arms) + " | fastest |",
+           "|---:|---|" + "---:|" * len(arms) + "---|"]
+  for (B, label), rows in sorted(cells.items(), key=lambda kv: kv[0][0]):
+    def cell(name):
+      row = rows.get(name)
+      if row is None:
+        return "-"
+      span = row.get("span_us")
+      return f"{row['median_us']:.1f} / {'-' if span is None else f'{span:.1f}'}"
+
+    by_span = all(rows[n].get("span_us") is not None for n in rows)
+    best = min(rows, key=lambda n: rows[n]["span_us" if by_span else "median_us"])
+    lines.append(f"| {B} | {label} | " + " | ".join(cell(n) for n in arms)
+                 + f" | {best}{' (span)' if by_span else ''} |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__)
-  p.add_argument("results")
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("results", nargs="+", help="a results file, or with --ab the arms' files")
+  p.add_argument("--ab", action="store_true",
+                 help="the files are arms of one A/B run: one table, a column an arm")
   args = p.parse_args(argv)
-  with open(args.results) as f:
+  if args.ab:
+    arms = {}
+    for label, name in zip(arm_labels(args.results), args.results):
+      with open(name) as f:
+        arms[label] = json.load(f)
+    for label, result in arms.items():
+      knobs = ", ".join(f"{k.removeprefix('replayssm_jax.')}={v}"
+                        for k, v in result.get("set", {}).items()) or "defaults"
+      print(f"- {label}: {result['device']}, copy {result['copy_tbps']:.2f} TB/s, L2 flushed "
+            f"by a {result.get('l2_flush', 'write')} pass; {knobs}")
+    print("\nmedian (the call's kernels summed) / span (first kernel's start to last one's "
+          "end), us:\n")
+    print(ab_table(arms))
+    return 0
+  if len(args.results) > 1:
+    p.error("one results file, or --ab with the arms' files")
+  with open(args.results[0]) as f:
     result = json.load(f)
   print(f"{result['device']}, jax {result['jax']}, {result['date']}; copy ceiling "
         f"{result['copy_tbps']:.2f} TB/s; timing: {result['copy_method']}, L2 flushed by a "
