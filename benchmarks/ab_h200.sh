@@ -9,7 +9,7 @@
 # to BENCH_ARGS for that arm (a knob of `bench.kernels`), e.g.
 #   ARMS="old=ab_old|;loads=.|--stream-early loads;products=.|--stream-early products"
 # Results: $OUT/ab_${TAG}_${NAME}_${round}.json, each arm's whole log beside it (.log), the
-# tables (and any error) on stdout.
+# tables (and any error) on stdout, then every arm and round side by side (`bench.report --ab`).
 set -uo pipefail
 PY=${PY:-python3}; OUT=${OUT:-out}; OLD=${OLD:-ab_old}; TAG=${TAG:-ab}; ROUNDS=${ROUNDS:-2}
 ARMS=${ARMS:-"new=.|;old=$OLD|"}
@@ -35,3 +35,15 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "== round $r: $name ($root $extra)"; bench "$root" "$name" "$r" "$extra"
   done
 done
+# Every arm and round side by side (`bench.report --ab`), from the working tree's report.
+files=()
+for r in $(seq 1 "$ROUNDS"); do
+  for arm in "${arms[@]}"; do
+    f="$OUT/ab_${TAG}_${arm%%=*}_$r.json"; [ -f "$f" ] && files+=("$f")
+  done
+done
+if [ ${#files[@]} -gt 1 ]; then
+  echo "== side by side"
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} "$PY" -m replayssm_jax.bench.report --ab "${files[@]}" \
+    || echo "(no side-by-side table: bench.report failed)"
+fi
