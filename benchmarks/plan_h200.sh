@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="t_together h_read a_pallas" bash benchmarks/plan_h200.sh   # first call (an H200)
-#   then "h_ab s_triton", "a_triton s_pallas", "v c h"
+#   ITEMS="k_copy k_step" bash benchmarks/plan_h200.sh   # first call (an H200)
+#   then "t_together h_read a_pallas", "h_ab s_triton", "a_triton s_pallas", "v c h"
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
@@ -14,7 +14,7 @@
 # for the triton items.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"t_together h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"k_copy k_step t_together h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
 RUN=${RUN:-run46}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
@@ -39,7 +39,7 @@ estimate() {
   case $1 in
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;;
-    h_ab) echo 100;; h_read) echo 140;;
+    h_ab) echo 100;; h_read) echo 140;; k_copy) echo 240;; k_step) echo 150;;
     *) echo 0;;
   esac
 }
@@ -72,6 +72,20 @@ command_of() {
     t_together) echo "ARMS=\"launch=.|--fold-together 0.5;cond=.|--fold-together 0.5 --set" \
       "ssm.SKIP_IDLE_FOLD={'xla':False,'pallas':True,'triton':False}\" TAG=${RUN}_together" \
       "ROUNDS=1 BENCH_ARGS=\"$steps --batch 64 256 $extra\" $AB";;
+    # k_copy: the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`, session 45): verify and
+    # decode stream half the checkpoint bytes, the fold writes the copy too (and runs in its
+    # own kernel). Predicted on the H200 (NOTES "Session 45"): B=256 replay verify ~175 ->
+    # 115-125 us (its byte model halves the checkpoint: ~67% of copy), B=256 decode cycle
+    # ~205 -> 130-150 us a step (1.9-2.2x the recurrent decode of the same call), mixed step
+    # B=256 ~325 -> 250-280; B=64 verify ~48 -> 30-34 us. If it holds, #9's decode target is
+    # met with the copy on, at half a checkpoint more memory.
+    k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16\" TAG=${RUN}_copy ROUNDS=1" \
+      "BENCH_ARGS=\"--paths recurrent kernels steps decode --batch 64 256 --decode-rings 16" \
+      "--reps 10 $extra\" $AB";;
+    # k_step: the 30-layer step with the copy (run 45: 9.62 ms span at B=256, peak 18.4 GiB).
+    # Predicted: 7.5-8.3 ms, peak ~25.9 GiB (scratch / peak 2.3x).
+    k_step) echo "$PY -m replayssm_jax.bench.step --batch 256 512 --checkpoint-copy bfloat16" \
+      "--reps 10 --out \$OUT/step_${RUN}_copy.json";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write; runs 40-41, H100: 79.8-80.6% and 72.9-73.3%;
     # the triton backend, run 41: 76.7-77.0% and 69.5-69.6%).
@@ -136,7 +150,7 @@ command_of() {
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: k_copy k_step t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi

@@ -41,12 +41,12 @@ def _cmd_memory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     gdn = GDNConfig.preset(args.preset, tp=args.tp)
     report = memory.memory_report(gdn, num_slots=args.slots, draft_tokens=args.draft_tokens,
                                   ring_len=args.ring_len, activation_dtype=args.activation_dtype,
-                                  ring_dtype=args.ring_dtype)
+                                  ring_dtype=args.ring_dtype, checkpoint_copy=args.checkpoint_copy)
     if args.measure:
       measured = memory.measure_step_bytes(
           gdn, args.slots, args.draft_tokens, args.ring_len, batch=args.batch,
           activation_dtype=args.activation_dtype, ring_dtype=args.ring_dtype,
-          backend=args.backend, allocate=args.allocate)
+          backend=args.backend, allocate=args.allocate, checkpoint_copy=args.checkpoint_copy)
   except ValueError as e:
     parser.error(str(e))  # exits with code 2
   if args.json:
@@ -76,6 +76,9 @@ def _add_memory(subparsers) -> None:
                  help="conv inputs and raw rings (default bfloat16)")
   p.add_argument("--ring-dtype", choices=_DTYPES, default=None,
                  help="d and normalised-k rings (default: the activation dtype)")
+  p.add_argument("--checkpoint-copy", choices=("bfloat16",), default=None,
+                 help="ReplaySSM keeps a bf16 copy of each checkpoint for verify to read "
+                      "(SpecConfig.checkpoint_copy; default: none)")
   p.add_argument("--json", action="store_true", help="print JSON instead of the table")
   p.add_argument("--measure", action="store_true",
                  help="add measured bytes: compile one layer's verify and commit of each mode "

@@ -174,6 +174,15 @@ class SpecConfig:
     dot_precision: dots of the replay verify: ``"default"`` (tensor cores: tf32
       or bf16 on GPU), ``"tf32"``, ``"bf16"``, or ``"ieee"`` (exact fp32, for
       ablations). The state update itself is always exact fp32.
+    checkpoint_copy: replayssm: ``None``, or ``jnp.bfloat16`` to keep a bf16 copy of each
+      checkpoint beside it (`state.ReplayCache.ssm_copy`), written by every reset and fold
+      and read by verify and decode in place of the fp32 checkpoint: their checkpoint stream
+      moves half the bytes, for half a checkpoint more memory. The outputs are those of
+      bf16 dots of the checkpoint (``dot_precision="bf16"``: the same rounding of S0, done
+      once at the fold; DESIGN section 4 allows it for outputs); the committed state, the
+      fp32 checkpoint, stays bitwise that of the recurrent path. Backends ``xla`` and
+      ``pallas``; the fold runs in its own kernel then (the Pallas verify forms that fold
+      inside their programs are not used).
     fold_together: replayssm: when a step folds any row (one marked ``is_flush``), also
       fold the step's rows with at least this many committed records, so that rows fold
       in step with each other; ``None``: only the flush rows fold (DESIGN section 3).
@@ -207,6 +216,7 @@ class SpecConfig:
   ring_dtype: jnp.dtype | None = None
   ssm_dtype: jnp.dtype = jnp.float32
   dot_precision: DotPrecision = "default"
+  checkpoint_copy: jnp.dtype | None = None
   fold_together: int | None = None
   check_values: bool = False
 
@@ -240,6 +250,9 @@ class SpecConfig:
     object.__setattr__(self, "ssm_dtype", jnp.dtype(self.ssm_dtype))
     if self.ring_dtype is not None:
       object.__setattr__(self, "ring_dtype", jnp.dtype(self.ring_dtype))
+    if self.checkpoint_copy is not None:
+      object.__setattr__(self, "checkpoint_copy", jnp.dtype(self.checkpoint_copy))
+      self._check_checkpoint_copy()
     if self.verify_mode == "replayssm":
       if L < 2 * T:
         raise ValueError(
@@ -263,6 +276,22 @@ class SpecConfig:
       if not gpu_available():
         raise ValueError("SpecConfig.backend='triton' needs a CUDA GPU (none is visible to JAX); "
                          "use backend='pallas' (interpret mode on CPU) or 'xla'.")
+
+  def _check_checkpoint_copy(self) -> None:
+    copy = self.checkpoint_copy.name
+    if self.verify_mode != "replayssm":
+      raise ValueError(f"SpecConfig.checkpoint_copy={copy} needs verify_mode='replayssm' (the "
+                       "recurrent verify reads and writes the state itself); use None.")
+    if self.checkpoint_copy != jnp.bfloat16:
+      raise ValueError(f"SpecConfig.checkpoint_copy={copy} is not supported; use None or "
+                       "jnp.bfloat16.")
+    if self.dot_precision not in ("default", "bf16"):
+      raise ValueError(f"SpecConfig.dot_precision={self.dot_precision!r} asks for more than a "
+                       f"{copy} checkpoint copy holds; use 'default' or 'bf16', or "
+                       "checkpoint_copy=None.")
+    if self.backend == "triton":
+      raise ValueError(f"SpecConfig.checkpoint_copy={copy} is not supported by the triton "
+                       "backend yet; use backend='pallas' or checkpoint_copy=None.")
 
   @property
   def flush_on_reset(self) -> bool:

@@ -63,6 +63,8 @@ class MemoryReport:
     ring_bytes: the six rings, ReplaySSM only.
     cursor_bytes: ``write_pos``, ``cache_base``, ``is_flush``, ReplaySSM only,
       once for all layers.
+    copy_bytes: the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`), ReplaySSM only;
+      0 without it.
   """
 
   gdn: GDNConfig
@@ -79,6 +81,7 @@ class MemoryReport:
   intermediate_bytes: int
   ring_bytes: int
   cursor_bytes: int
+  copy_bytes: int = 0
 
   @property
   def recurrent_total_bytes(self) -> int:
@@ -87,8 +90,14 @@ class MemoryReport:
 
   @property
   def replayssm_total_bytes(self) -> int:
-    """Checkpoint + conv + rings + cursors."""
-    return self.checkpoint_bytes + self.conv_bytes + self.ring_bytes + self.cursor_bytes
+    """Checkpoint + conv + rings + cursors (+ the checkpoint copy)."""
+    return (self.checkpoint_bytes + self.conv_bytes + self.ring_bytes + self.cursor_bytes
+            + self.copy_bytes)
+
+  @property
+  def replayssm_scratch_bytes(self) -> int:
+    """ReplaySSM's spec scratch: the rings (+ the checkpoint copy)."""
+    return self.ring_bytes + self.copy_bytes
 
   @property
   def saved_bytes(self) -> int:
@@ -97,8 +106,8 @@ class MemoryReport:
 
   @property
   def scratch_saving(self) -> float:
-    """intermediate / rings: how many times smaller the spec scratch gets."""
-    return self.intermediate_bytes / self.ring_bytes
+    """intermediate / (rings + copy): how many times smaller the spec scratch gets."""
+    return self.intermediate_bytes / self.replayssm_scratch_bytes
 
   @property
   def total_saving(self) -> float:
@@ -117,14 +126,14 @@ def _float_dtype(name: str, value: Any) -> jnp.dtype:
   return dtype
 
 
-def _specs(num_slots: int, draft_tokens: int, ring_len: int,
-           ring_dtype: Any) -> tuple[SpecConfig, SpecConfig]:
+def _specs(num_slots: int, draft_tokens: int, ring_len: int, ring_dtype: Any,
+           checkpoint_copy: Any = None) -> tuple[SpecConfig, SpecConfig]:
   """Validated ``(recurrent, replayssm)`` specs; SpecConfig raises on bad T or L."""
   if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
     raise ValueError(f"memory_report: num_slots={num_slots!r} must be a positive integer "
                      "(spec slots plus the padding slot).")
   replay = SpecConfig(draft_tokens=draft_tokens, ring_len=ring_len, ring_dtype=ring_dtype,
-                      verify_mode="replayssm")
+                      verify_mode="replayssm", checkpoint_copy=checkpoint_copy)
   recurrent = SpecConfig(draft_tokens=draft_tokens, ring_len=ring_len, verify_mode="recurrent")
   return recurrent, replay
 
@@ -141,7 +150,8 @@ def identify_preset(gdn: GDNConfig) -> tuple[str | None, int | None]:
 
 
 def memory_report(gdn: GDNConfig, *, num_slots: int, draft_tokens: int, ring_len: int,
-                  activation_dtype: Any = jnp.bfloat16, ring_dtype: Any = None) -> MemoryReport:
+                  activation_dtype: Any = jnp.bfloat16, ring_dtype: Any = None,
+                  checkpoint_copy: Any = None) -> MemoryReport:
   """Bytes of all GDN caches of a model, from closed-form formulas.
 
   The checkpoint and ``intermediate`` are fp32 (`SpecConfig.ssm_dtype`, which
@@ -153,6 +163,7 @@ def memory_report(gdn: GDNConfig, *, num_slots: int, draft_tokens: int, ring_len
   - intermediate = N S T HV V K 4
   - rings        = N S L ((HV V + H K) (r + a) + 2 HV 4)   (d, k, rawv, rawk; g, beta fp32)
   - cursors      = S (4 + 4 + 1)                            (shared by all layers)
+  - copy         = N S HV V K 2, with ``checkpoint_copy=jnp.bfloat16``, else 0
 
   Args:
     gdn: layer geometry of one TP rank (e.g. ``GDNConfig.preset(name, tp)``).
@@ -161,6 +172,7 @@ def memory_report(gdn: GDNConfig, *, num_slots: int, draft_tokens: int, ring_len
     ring_len: L, a power of two >= 2 T.
     activation_dtype: dtype of the conv inputs and of the raw rings.
     ring_dtype: dtype of the d and normalised-k rings; None means ``activation_dtype``.
+    checkpoint_copy: `SpecConfig.checkpoint_copy` (None or ``jnp.bfloat16``).
 
   Returns:
     The report; its totals and saving factors are properties.
@@ -177,8 +189,9 @@ def memory_report(gdn: GDNConfig, *, num_slots: int, draft_tokens: int, ring_len
   act = _float_dtype("activation_dtype", activation_dtype)
   if ring_dtype is not None:
     ring_dtype = _float_dtype("ring_dtype", ring_dtype)
-  _, replay = _specs(num_slots, draft_tokens, ring_len, ring_dtype)
+  _, replay = _specs(num_slots, draft_tokens, ring_len, ring_dtype, checkpoint_copy)
   ring = replay.ring_dtype_for(act)
+  copy = 0 if replay.checkpoint_copy is None else replay.checkpoint_copy.itemsize
   N, S, T, L = gdn.num_gdn_layers, num_slots, draft_tokens, ring_len
   H, HV, K, V = gdn.num_k_heads, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
   a, r, s, f32 = act.itemsize, ring.itemsize, replay.ssm_dtype.itemsize, 4
@@ -192,12 +205,13 @@ def memory_report(gdn: GDNConfig, *, num_slots: int, draft_tokens: int, ring_len
       intermediate_bytes=N * S * T * HV * V * K * s,
       ring_bytes=N * S * L * ((HV * V + H * K) * (r + a) + 2 * HV * f32),
       cursor_bytes=S * (2 * int32 + flag),
+      copy_bytes=N * S * HV * V * K * copy,
   )
 
 
 def container_memory_report(gdn: GDNConfig, *, num_slots: int, draft_tokens: int,
                             ring_len: int, activation_dtype: Any = jnp.bfloat16,
-                            ring_dtype: Any = None) -> MemoryReport:
+                            ring_dtype: Any = None, checkpoint_copy: Any = None) -> MemoryReport:
   """The `memory_report` numbers, from the cache containers' byte accounting.
 
   Builds `RecurrentCache`, `ReplayCache` and `ConvCache` under `jax.eval_shape`
@@ -212,7 +226,7 @@ def container_memory_report(gdn: GDNConfig, *, num_slots: int, draft_tokens: int
   act = _float_dtype("activation_dtype", activation_dtype)
   if ring_dtype is not None:
     ring_dtype = _float_dtype("ring_dtype", ring_dtype)
-  recurrent, replay = _specs(num_slots, draft_tokens, ring_len, ring_dtype)
+  recurrent, replay = _specs(num_slots, draft_tokens, ring_len, ring_dtype, checkpoint_copy)
   rec = jax.eval_shape(lambda: RecurrentCache.create(gdn, recurrent, num_slots)).field_nbytes()
   rep_cache = jax.eval_shape(lambda: ReplayCache.create(gdn, replay, num_slots, dtype=act))
   rep = rep_cache.field_nbytes()
@@ -231,6 +245,7 @@ def container_memory_report(gdn: GDNConfig, *, num_slots: int, draft_tokens: int
       intermediate_bytes=N * rec["intermediate"],
       ring_bytes=N * sum(rep[name] for name in _RING_FIELDS),
       cursor_bytes=sum(rep[name] for name in _CURSOR_FIELDS),
+      copy_bytes=N * rep["ssm_copy"],
   )
 
 
@@ -437,7 +452,7 @@ def _run_allocated(stats_fn, init_fn, verify_fn, commit_fn, verify_inputs, commi
 def measure_step_bytes(gdn: GDNConfig, num_slots: int, draft_tokens: int, ring_len: int, *,
                        batch: int | None = None, activation_dtype: Any = jnp.bfloat16,
                        ring_dtype: Any = None, backend: str | None = None,
-                       allocate: bool = False) -> MeasuredBytes:
+                       allocate: bool = False, checkpoint_copy: Any = None) -> MeasuredBytes:
   """Bytes of the compiled per-layer verify and commit of both modes, from XLA's memory analysis.
 
   For each mode, one layer's SSM cache is built with `jax.eval_shape` of
@@ -463,10 +478,12 @@ def measure_step_bytes(gdn: GDNConfig, num_slots: int, draft_tokens: int, ring_l
       step once and read the device's ``memory_stats()`` (ReplaySSM first). Only
       where the device has memory stats (GPUs); elsewhere nothing is allocated
       and `MeasuredBytes.allocation_note` says why.
+    checkpoint_copy: the ReplaySSM cache's `SpecConfig.checkpoint_copy`.
 
   Returns:
     The measurement; `ModeBytes.cache_bytes` equals `memory_report`'s per-layer
-    checkpoint + intermediate (recurrent) or checkpoint + rings + cursors (ReplaySSM).
+    checkpoint + intermediate (recurrent) or checkpoint + rings + cursors (+ the copy;
+    ReplaySSM).
 
   Raises:
     ValueError: a bad slot count, batch, T, L, dtype or backend.
@@ -477,7 +494,7 @@ def measure_step_bytes(gdn: GDNConfig, num_slots: int, draft_tokens: int, ring_l
   act = _float_dtype("activation_dtype", activation_dtype)
   if ring_dtype is not None:
     ring_dtype = _float_dtype("ring_dtype", ring_dtype)
-  _specs(num_slots, draft_tokens, ring_len, ring_dtype)  # validates slots, T, L
+  _specs(num_slots, draft_tokens, ring_len, ring_dtype, checkpoint_copy)  # slots, T, L, copy
   if batch is None:
     batch = max(1, num_slots - 1)
   if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= num_slots:
@@ -503,7 +520,8 @@ def measure_step_bytes(gdn: GDNConfig, num_slots: int, draft_tokens: int, ring_l
   compiled, modes = {}, {}
   for mode in ("recurrent", "replayssm"):
     spec = SpecConfig(draft_tokens=T, ring_len=ring_len, verify_mode=mode, backend=backend,
-                      ring_dtype=ring_dtype)
+                      ring_dtype=ring_dtype,
+                      checkpoint_copy=checkpoint_copy if mode == "replayssm" else None)
     cache = jax.eval_shape(functools.partial(ssm.init, gdn, spec, num_slots, dtype=act))
     verify = ssm.verify.lower(cache, *verify_inputs, spec=spec).compile()
     commit = ssm.commit.lower(cache, *commit_inputs, spec=spec).compile()
@@ -562,6 +580,7 @@ def format_table(report: MemoryReport, measured: MeasuredBytes | None = None) ->
       ("conv + conv_window", r.conv_bytes, r.conv_bytes),
       ("intermediate (spec scratch)", r.intermediate_bytes, None),
       ("rings x6 (spec scratch)", None, r.ring_bytes),
+      *([("checkpoint copy (spec scratch)", None, r.copy_bytes)] if r.copy_bytes else []),
       ("cursors (all layers)", None, r.cursor_bytes),
       ("total", r.recurrent_total_bytes, r.replayssm_total_bytes),
   ]
@@ -583,7 +602,8 @@ def format_table(report: MemoryReport, measured: MeasuredBytes | None = None) ->
            else f"{format_bytes(-r.saved_bytes)} more")
   lines += [
       "",
-      f"spec scratch: {format_bytes(r.intermediate_bytes)} -> {format_bytes(r.ring_bytes)} "
+      f"spec scratch: {format_bytes(r.intermediate_bytes)} -> "
+      f"{format_bytes(r.replayssm_scratch_bytes)} "
       f"({r.scratch_saving:.2f}x smaller)",
       f"total:        {format_bytes(r.recurrent_total_bytes)} -> "
       f"{format_bytes(r.replayssm_total_bytes)} ({r.total_saving:.2f}x smaller, {freed})",
@@ -721,6 +741,7 @@ def to_json(report: MemoryReport, measured: MeasuredBytes | None = None) -> dict
       "intermediate_bytes": r.intermediate_bytes,
       "ring_bytes": r.ring_bytes,
       "cursor_bytes": r.cursor_bytes,
+      "copy_bytes": r.copy_bytes,
       "recurrent_total_bytes": r.recurrent_total_bytes,
       "replayssm_total_bytes": r.replayssm_total_bytes,
       "saved_bytes": r.saved_bytes,

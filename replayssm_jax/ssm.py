@@ -18,7 +18,10 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
   is a kernel of its own, launched in every step (`SKIP_IDLE_FOLD`; the triton backend's
   fold is always a kernel of its own).
   With `SpecConfig.fold_together`, the rows of a step that folds also fold along when they
-  hold that many records, which keeps rows in phase (exact all the same).
+  hold that many records, which keeps rows in phase (exact all the same). With
+  `SpecConfig.checkpoint_copy`, reset and the fold also write each checkpoint rounded to bf16
+  (``ReplayCache.ssm_copy``), and verify and decode read that copy instead (half the bytes);
+  the fold then always runs in its own kernel.
 
 The fold retires what it folded at once (``cache_base += write_pos``, ``write_pos = 0``,
 ``is_flush = False``: SGLang's "finish fold"), after which DESIGN's commit formula
@@ -138,6 +141,8 @@ def init(gdn: GDNConfig, spec: SpecConfig, num_slots: int, *, dtype=jnp.bfloat16
 def _check_cache(cache, spec: SpecConfig, what: str) -> None:
   want = cache_type_for(spec)
   if isinstance(cache, want):
+    if isinstance(cache, ReplayCache):
+      _check_copy(cache, spec, what)
     return
   if isinstance(cache, ReplayCache):
     raise ValueError(f"{what}: spec.verify_mode='recurrent' needs `intermediate`, which a "
@@ -148,6 +153,17 @@ def _check_cache(cache, spec: SpecConfig, what: str) -> None:
                      "rings and cursors); this cache is a RecurrentCache. Build it with "
                      "ssm.init(gdn, SpecConfig(verify_mode='replayssm', ...), ...).")
   raise TypeError(f"{what}: expected a RecurrentCache or ReplayCache, got {type(cache).__name__}.")
+
+
+def _check_copy(cache: ReplayCache, spec: SpecConfig, what: str) -> None:
+  """The cache keeps the checkpoint copy that ``spec.checkpoint_copy`` asks for, or none."""
+  copy = None if cache.ssm_copy is None else cache.ssm_copy.dtype
+  if copy != spec.checkpoint_copy or (copy is not None
+                                      and cache.ssm_copy.shape != cache.ssm.shape):
+    kept = "none" if copy is None else f"{copy.name}{list(cache.ssm_copy.shape)}"
+    raise ValueError(f"{what}: spec.checkpoint_copy={spec.checkpoint_copy} but the cache keeps "
+                     f"{kept} (ssm is {list(cache.ssm.shape)}); build the cache with the same "
+                     "spec (ssm.init).")
 
 
 def _check_step(cache, q, k, v, a, b, A_log, dt_bias, slot_ids, T: int, what: str) -> None:
@@ -292,9 +308,13 @@ def reset(cache: SSMCache, slot_ids: jax.Array, initial_state: jax.Array, spec: 
   if initial_state.shape != (slot_ids.shape[0], *cache.ssm.shape[1:]):
     raise ValueError(f"ssm.reset: initial_state has shape {initial_state.shape}; expected "
                      f"{(slot_ids.shape[0], *cache.ssm.shape[1:])}.")
-  cache = dataclasses.replace(cache, ssm=recurrent_kernels.scatter_rows(cache.ssm, slot_ids, initial_state))
+  rows = initial_state.astype(cache.ssm.dtype)
+  cache = dataclasses.replace(cache, ssm=recurrent_kernels.scatter_rows(cache.ssm, slot_ids, rows))
   if isinstance(cache, RecurrentCache):
     return cache
+  if cache.ssm_copy is not None:  # the copy is the stored checkpoint, rounded
+    cache = dataclasses.replace(
+        cache, ssm_copy=recurrent_kernels.scatter_rows(cache.ssm_copy, slot_ids, rows))
   B = slot_ids.shape[0]
   zeros = jnp.zeros((B,), jnp.int32)
   return _set_cursors(cache, slot_ids, zeros, zeros, jnp.full((B,), spec.flush_on_reset))
@@ -320,23 +340,28 @@ def _fold_plan(cache: ReplayCache, slot_ids, spec: SpecConfig):
 
 def _fold(cache: ReplayCache, slot_ids, count, cache_base, spec: SpecConfig,
           tuning: KernelTuning) -> ReplayCache:
-  """The exact fold kernel on the rows with ``count > 0``."""
+  """The exact fold kernel on the rows with ``count > 0`` (and on their checkpoint copy)."""
   fold = _kernel(spec, fold_kernels.fold, fold_kernels.fold_reference)
   rings = {n: getattr(cache, n) for n in fold_kernels.RING_NAMES}
 
-  def run_fold(ssm):
-    return fold(ssm, *rings.values(), slot_ids, count, cache_base, tuning=tuning)
+  def run_fold(states):
+    ssm, ssm_copy = states
+    if ssm_copy is None:
+      return fold(ssm, *rings.values(), slot_ids, count, cache_base, tuning=tuning), None
+    return fold(ssm, *rings.values(), slot_ids, count, cache_base, tuning=tuning,
+                ssm_copy=ssm_copy)
 
+  states = (cache.ssm, cache.ssm_copy)
   if not SKIP_IDLE_FOLD[spec.backend]:
-    ssm = run_fold(cache.ssm)
+    states = run_fold(states)
   else:  # most steps fold no row: skip the launch, whose programs would all just exit
-    ssm = jax.lax.cond(jnp.any(count > 0), run_fold, lambda ssm: ssm, cache.ssm)
+    states = jax.lax.cond(jnp.any(count > 0), run_fold, lambda states: states, states)
   # The replay verify writes the rings the fold reads (raw k, g, beta) in place, and its
   # coefficients kernel does not read the checkpoint: without an order between the two, XLA
   # copied those rings for the fold's reads (H200, the split form at B=64). Passing the rings
   # through a barrier with the folded checkpoint makes the verify's writes wait for the fold.
-  ssm, rings = jax.lax.optimization_barrier((ssm, rings))
-  return dataclasses.replace(cache, ssm=ssm, **rings)
+  (ssm, ssm_copy), rings = jax.lax.optimization_barrier((states, rings))
+  return dataclasses.replace(cache, ssm=ssm, ssm_copy=ssm_copy, **rings)
 
 
 def _fuses_fold(spec: SpecConfig, q, tuning: KernelTuning, replay_tuning: KernelTuning) -> bool:
@@ -344,6 +369,8 @@ def _fuses_fold(spec: SpecConfig, q, tuning: KernelTuning, replay_tuning: Kernel
   (`FUSE_FOLD_BELOW`) or the one-kernel forms (`FUSE_FOLD_ONE_KERNEL`), when their programs hold
   whole fold tiles."""
   B, T = q.shape[:2]
+  if spec.checkpoint_copy is not None:  # a fold in the verify would not write the copy
+    return False
   if replay_form(T, B).startswith("split"):
     kind = "window" if T > 1 else "decode-together" if spec.fold_together else "decode"
     below = FUSE_FOLD_BELOW[kind]
@@ -372,7 +399,7 @@ def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, 
   else:  # the rings as `_fold` returns them, which orders the verify's writes after the fold
     cache = _fold(cache, slot_ids, count, fold_base, spec, tuning)
     verify = _kernel(spec, replay_kernels.replay_verify, replay_kernels.replay_verify_reference)
-    o, *rings = verify(cache.ssm, *rings_of(cache), *window, **verify_args)
+    o, *rings = verify(cache.verify_ssm, *rings_of(cache), *window, **verify_args)
   return o, dataclasses.replace(cache, **dict(zip(replay_kernels.RING_NAMES, rings))), cursors
 
 

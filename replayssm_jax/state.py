@@ -1,8 +1,9 @@
 """Cache pytrees of one GDN layer (DESIGN section 2).
 
 Frozen dataclasses registered with `jax.tree_util.register_dataclass`: every
-field is an array leaf, so a jitted step over them traces once per shape and
-can donate them. No layer axis here; a model stacks layers itself.
+field is an array leaf (or None: `ReplayCache.ssm_copy` when not kept), so a jitted
+step over them traces once per shape and can donate them. No layer axis here; a model
+stacks layers itself.
 
 - `RecurrentCache`: the committed state plus per-draft states (`intermediate`).
 - `ReplayCache`: the fp32 checkpoint, the ring of per-token records and the
@@ -70,7 +71,8 @@ class RecurrentCache(_Container):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ReplayCache(_Container):
-  """SSM cache of ReplaySSM: checkpoint + ring of records + cursors.
+  """SSM cache of ReplaySSM: checkpoint + ring of records + cursors (+ the checkpoint's bf16
+  copy, `SpecConfig.checkpoint_copy`).
 
   Logical record ``i`` of a slot lives at ring index ``(cache_base + i) & (L - 1)``;
   records ``i < write_pos`` are committed, the rest are scratch (rejected drafts).
@@ -86,6 +88,9 @@ class ReplayCache(_Container):
   write_pos: jax.Array  # [slots] int32: committed records since the checkpoint
   cache_base: jax.Array  # [slots] int32: ring index of logical record 0
   is_flush: jax.Array  # [slots] bool: fold before the next verify
+  # [slots, HV, V, K] bf16, or None: the checkpoint rounded once, which verify and decode
+  # read in its place (`SpecConfig.checkpoint_copy`); every reset and fold rewrites it.
+  ssm_copy: jax.Array | None = None
 
   RINGS: ClassVar[tuple[str, ...]] = ("ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk",
                                       "ring_rawv")
@@ -107,11 +112,18 @@ class ReplayCache(_Container):
         write_pos=jnp.zeros((S,), jnp.int32),
         cache_base=jnp.zeros((S,), jnp.int32),
         is_flush=jnp.full((S,), spec.flush_on_reset, jnp.bool_),
+        ssm_copy=(None if spec.checkpoint_copy is None
+                  else jnp.zeros((S, HV, V, K), spec.checkpoint_copy)),
     )
 
   @property
   def num_slots(self) -> int:
     return self.ssm.shape[0]
+
+  @property
+  def verify_ssm(self) -> jax.Array:
+    """The checkpoint as verify and decode read it: the copy if the cache keeps one."""
+    return self.ssm if self.ssm_copy is None else self.ssm_copy
 
   @property
   def ring_len(self) -> int:

@@ -265,6 +265,33 @@ def test_byte_models_match_the_anchor():
   assert round(b.rec_decode() / 1e6, 2) == 4.22
 
 
+def test_byte_models_with_the_checkpoint_copy():
+  """`SpecConfig.checkpoint_copy`: the verify reads half a state, the fold writes half more,
+  and a flush row's fused minimum reads the fp32 checkpoint once."""
+  plain, copy = kernels.Bytes(kernels.GEOMETRY, 4), kernels.Bytes(kernels.GEOMETRY, 4, copy=True)
+  half = plain.S // 2
+  assert copy.rssm_verify(8) == plain.rssm_verify(8) - half
+  assert copy.fold(12) == plain.fold(12) + half
+  assert copy.rssm_step(12, True) == plain.rssm_step(12, True) + half
+  assert copy.rssm_step(8, False) == plain.rssm_step(8, False) - half
+  assert copy.rec_verify() == plain.rec_verify()
+
+
+def test_bench_checkpoint_copy_smoke(tmp_path):
+  """``--checkpoint-copy``: the ReplaySSM paths run with the copy, and the file says so."""
+  out = tmp_path / "results.json"
+  assert kernels.main(["--tiny", "--batch", "2", "--reps", "1", "--copy-gib", "0.004",
+                       "--decode-rings", "4", "--paths", "kernels", "steps", "decode",
+                       "--checkpoint-copy", "bfloat16", "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  assert result["checkpoint_copy"] == "bfloat16"
+  assert [r["kernel"] for r in result["rows"]] == [
+      *kernels.PATH_GROUPS["kernels"], *kernels.PATH_GROUPS["steps"],
+      *kernels.PATH_GROUPS["decode"]]
+  verify = next(r for r in result["rows"] if r["kernel"] == "rssm_verify")
+  assert verify["min_bytes"] == 2 * kernels.Bytes(kernels.TINY, 4, copy=True).rssm_verify(8)
+
+
 def test_summary_table_skips_batch_sizes_cut_short():
   """A run cut short (here B=512 has only its first row) reports the complete batch sizes; the
   paths out of phase show where the file has them."""

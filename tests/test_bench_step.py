@@ -110,3 +110,28 @@ def test_scratch_bytes_match_the_memory_report():
   assert rec["scratch_bytes"] == report.intermediate_bytes
   assert rep["scratch_bytes"] == report.ring_bytes
   assert rec["checkpoint_bytes"] == rep["checkpoint_bytes"] == report.checkpoint_bytes
+  copy = memory_report(gdn, num_slots=256, draft_tokens=step.T, ring_len=step.L,
+                       checkpoint_copy=jnp.bfloat16)
+  rep = step.static_bytes(gdn, step.spec_for("replayssm", "xla", "bfloat16"), 256,
+                          gdn.num_gdn_layers)
+  assert rep["scratch_bytes"] == copy.replayssm_scratch_bytes == report.ring_bytes + copy.copy_bytes
+
+
+def test_checkpoint_copy_step(tmp_path):
+  """``--checkpoint-copy``: the ReplaySSM step keeps and aliases the copy (its scratch counts
+  it), the recurrent step is as before, and the file and summary say so."""
+  out = tmp_path / "step.json"
+  assert step.main(["--tiny", "--batch", "3", "--layers", "2", "--reps", "2",
+                    "--checkpoint-copy", "bfloat16", "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  rows = {row["mode"]: row for row in result["rows"]}
+  assert result["checkpoint_copy"] == "bfloat16"
+  assert rows["replayssm"]["checkpoint_copy"] == "bfloat16"
+  assert rows["replayssm"]["no_cache_copy"] and rows["replayssm"]["status"] == "ok"
+  half = rows["replayssm"]["checkpoint_bytes"] // 2
+  rings = step.static_bytes(step.geometry(True), step.spec_for("replayssm", "xla"), 3, 2)
+  assert rows["replayssm"]["scratch_bytes"] == rings["scratch_bytes"] + half
+  assert rows["recurrent"]["scratch_bytes"] == step.static_bytes(
+      step.geometry(True), step.spec_for("recurrent", "xla", "bfloat16"), 3, 2)["scratch_bytes"]
+  (summary,) = result["summary"]
+  assert summary["copy"]

@@ -113,6 +113,35 @@ def test_unknown_dot_precision():
   _raises(["dot_precision='fp8'", "unknown", "'ieee'"], SpecConfig, dot_precision="fp8")
 
 
+def test_checkpoint_copy_normalised_and_hashable():
+  spec = SpecConfig(checkpoint_copy="bfloat16", backend="pallas")
+  assert spec.checkpoint_copy == jnp.bfloat16
+  assert hash(spec) == hash(SpecConfig(checkpoint_copy=jnp.bfloat16, backend="pallas"))
+  assert SpecConfig(checkpoint_copy=jnp.bfloat16, dot_precision="bf16").checkpoint_copy
+
+
+@pytest.mark.parametrize("kwargs, fragments", [
+    (dict(verify_mode="recurrent"), ["checkpoint_copy=bfloat16", "verify_mode='replayssm'",
+                                     "use None"]),
+    (dict(dot_precision="ieee"), ["dot_precision='ieee'", "'default' or 'bf16'"]),
+    (dict(dot_precision="tf32"), ["dot_precision='tf32'", "checkpoint_copy=None"]),
+])
+def test_checkpoint_copy_refused_where_it_cannot_serve(kwargs, fragments):
+  _raises(fragments, SpecConfig, checkpoint_copy=jnp.bfloat16, **kwargs)
+
+
+def test_checkpoint_copy_only_bf16():
+  _raises(["checkpoint_copy=float16", "not supported", "jnp.bfloat16"], SpecConfig,
+          checkpoint_copy=jnp.float16)
+
+
+def test_checkpoint_copy_not_on_triton_yet(monkeypatch):
+  monkeypatch.setattr(config, "jax_triton_available", lambda: True)
+  monkeypatch.setattr(config, "gpu_available", lambda: True)
+  _raises(["triton backend", "backend='pallas'"], SpecConfig, backend="triton",
+          checkpoint_copy=jnp.bfloat16)
+
+
 # --- backend='triton' -------------------------------------------------------------------------
 
 

@@ -182,6 +182,15 @@ def test_fold_leaves_rows_without_records_alone(launch, interpret):
   check_fold((5, 4, 2, 4, 16, 32, 8), jnp.bfloat16, interpret, idle_rows=True, **launch)
 
 
+@pytest.mark.parametrize("launch", [{}, dict(v_blocks=2, interleave=True)], ids=["tile", "pair"])
+def test_fold_writes_the_checkpoint_copy(launch, interpret):
+  """With a checkpoint copy (`SpecConfig.checkpoint_copy`), the fold writes each folded tile
+  rounded to bf16 into it (bitwise, both backends), and nothing else: rows that fold nothing
+  and slots outside the batch keep their (NaN-poisoned) copy."""
+  check_fold((5, 4, 2, 4, 16, 32, 8), jnp.bfloat16, interpret, idle_rows=True, copy=True,
+             **launch)
+
+
 @pytest.mark.parametrize("launch, message", [
     (dict(v_blocks=3), "v_blocks=3 must divide the 2 tiles"),
     (dict(prefetch_at="middle"), "prefetch_at='middle'; expected one of"),
@@ -199,8 +208,9 @@ def test_fold_refuses_an_unknown_launch(launch, message):
               **launch)
 
 
-def check_fold(case, dtype, interpret, idle_rows=False, **launch):
-  """Fold 1..T records (0..T with ``idle_rows``) of each row: bitwise the recurrent state."""
+def check_fold(case, dtype, interpret, idle_rows=False, copy=False, **launch):
+  """Fold 1..T records (0..T with ``idle_rows``) of each row: bitwise the recurrent state; with
+  ``copy``, into a NaN-poisoned checkpoint copy too, only the folded rows."""
   B, T, H, HV, K, V, bv = case
   L = 16
   rng = np.random.default_rng(11)
@@ -218,9 +228,21 @@ def check_fold(case, dtype, interpret, idle_rows=False, **launch):
   if idle_rows:  # row 1 folds nothing
     count[1] = 0
   count = jnp.asarray(count, jnp.int32)
+  if copy:
+    poison = jnp.full(x["ssm"].shape, jnp.nan, jnp.bfloat16)
+    launch["ssm_copy"] = poison
   folded = fold.fold(x["ssm"], *rings, slots, count, jnp.asarray(base), tuning=tuning,
                      interpret=interpret, **launch)
-  folded_x = fold.fold_reference(x["ssm"], *rings, slots, count, jnp.asarray(base))
+  folded_x = fold.fold_reference(x["ssm"], *rings, slots, count, jnp.asarray(base),
+                                 **({"ssm_copy": poison} if copy else {}))
+  if copy:
+    (folded, folded_copy), (folded_x, folded_copy_x) = folded, folded_x
+    wrote = np.zeros(6, bool)
+    wrote[np.asarray(slots)[(np.asarray(slots) >= 0) & (np.asarray(count) > 0)]] = True
+    for c, f in ((folded_copy, folded), (folded_copy_x, folded_x)):
+      np.testing.assert_array_equal(np.asarray(c)[wrote], np.asarray(f.astype(c.dtype))[wrote])
+      assert np.isnan(np.asarray(c, np.float32)[~wrote]).all()
+    assert wrote.any() and not wrote.all()
   for row, slot in enumerate(np.asarray(slots)):
     if slot < 0:
       continue

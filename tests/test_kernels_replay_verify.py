@@ -510,7 +510,7 @@ def _bad(inp, **changes):
     (lambda i: dict(ring_k=i["ring_k"].astype(jnp.float32)),
      r"ring_k is float32.*expected bfloat16"),
     (lambda i: dict(write_pos=i["write_pos"].astype(jnp.float32)), r"write_pos is float32"),
-    (lambda i: dict(ssm=i["ssm"].astype(jnp.bfloat16)), r"ssm is bfloat16"),
+    (lambda i: dict(ssm=i["ssm"].astype(jnp.float16)), r"ssm is float16.*expected float32"),
     (lambda i: {n: i[n][..., :12] for n in ("ring_g", "ring_beta")}
      | {n: i[n][:, :, :12] for n in ("ring_d", "ring_k", "ring_rawk", "ring_rawv")},
      r"L=12 must be a power of two"),

@@ -77,6 +77,22 @@ def test_formulas_equal_container_accounting(preset, tp, slots, T, L, act, ring)
   assert (formula.preset, formula.tp) == (preset, tp)
 
 
+def test_checkpoint_copy_counts_as_replayssm_scratch():
+  """`SpecConfig.checkpoint_copy`: half a checkpoint more, in the formula and the containers
+  alike, counted as ReplaySSM's spec scratch and shown in the table."""
+  gdn = GDNConfig.preset("qwen3.5-35b-a3b")
+  kwargs = dict(num_slots=17, draft_tokens=4, ring_len=16)
+  plain = memory_report(gdn, **kwargs)
+  copy = memory_report(gdn, checkpoint_copy=jnp.bfloat16, **kwargs)
+  assert copy == container_memory_report(gdn, checkpoint_copy="bfloat16", **kwargs)
+  assert plain.copy_bytes == 0 and copy.copy_bytes == plain.checkpoint_bytes // 2
+  assert copy.replayssm_total_bytes == plain.replayssm_total_bytes + copy.copy_bytes
+  assert copy.scratch_saving == plain.intermediate_bytes / (plain.ring_bytes + copy.copy_bytes)
+  assert "checkpoint copy (spec scratch)" in format_table(copy)
+  assert "checkpoint copy" not in format_table(plain)
+  assert to_json(copy)["copy_bytes"] == copy.copy_bytes
+
+
 def test_custom_geometry_has_no_preset():
   gdn = GDNConfig(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16, hidden_size=32,
                   num_layers=4, num_gdn_layers=3)
@@ -449,12 +465,14 @@ def test_cli_measure_table(capsys, monkeypatch, measured):
 
   monkeypatch.setattr(memory_module, "measure_step_bytes", fake)
   assert cli.main([*SMALL_ARGS, "--measure", "--batch", "2", "--backend", "xla",
-                   "--allocate", "--activation-dtype", "float16"]) == 0
+                   "--allocate", "--activation-dtype", "float16",
+                   "--checkpoint-copy", "bfloat16"]) == 0
   out = capsys.readouterr().out
-  assert out == format_table(memory_report(SMALL_GDN, **SMALL, activation_dtype=jnp.float16),
-                             measured) + "\n"
+  assert out == format_table(memory_report(SMALL_GDN, **SMALL, activation_dtype=jnp.float16,
+                                           checkpoint_copy=jnp.bfloat16), measured) + "\n"
   assert seen == [((SMALL_GDN, 5, 4, 16), dict(batch=2, activation_dtype="float16",
-                                                ring_dtype=None, backend="xla", allocate=True))]
+                                                ring_dtype=None, backend="xla", allocate=True,
+                                                checkpoint_copy="bfloat16"))]
 
 
 @pytest.mark.parametrize("extra, fragments", [

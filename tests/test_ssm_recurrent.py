@@ -111,6 +111,11 @@ def test_mode_mismatch_errors():
     ssm.verify(ssm.init(GDN, rep, 2, dtype=jnp.float32), *x, A_log, dt_bias, slot_ids, rec)
   with pytest.raises(ValueError, match="needs a ReplayCache"):
     ssm.verify(ssm.init(GDN, rec, 2), *x, A_log, dt_bias, slot_ids, rep)
+  copy = dataclasses.replace(rep, checkpoint_copy=jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"checkpoint_copy=bfloat16 but the cache keeps none"):
+    ssm.verify(ssm.init(GDN, rep, 2, dtype=jnp.float32), *x, A_log, dt_bias, slot_ids, copy)
+  with pytest.raises(ValueError, match=r"checkpoint_copy=None but the cache keeps bfloat16\["):
+    ssm.commit(ssm.init(GDN, copy, 2), slot_ids, slot_ids, rep)
 
 
 def test_shape_errors_name_expected_and_given():

@@ -44,10 +44,11 @@ class Pair:
   folded_along: int = 0  # of those, rows that folded along with a flush row (`fold_together`)
 
   @classmethod
-  def create(cls, T, L, backend, rng, gdn=GDN, dtype=jnp.float32, fold_together=None):
+  def create(cls, T, L, backend, rng, gdn=GDN, dtype=jnp.float32, fold_together=None,
+             checkpoint_copy=None):
     rec_spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="recurrent", backend=backend)
     rep_spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend=backend,
-                          fold_together=fold_together)
+                          fold_together=fold_together, checkpoint_copy=checkpoint_copy)
     HV = gdn.num_v_heads
     return cls(rec_spec, rep_spec, ssm.init(gdn, rec_spec, SLOTS, dtype=dtype),
                ssm.init(gdn, rep_spec, SLOTS, dtype=dtype),
@@ -97,7 +98,11 @@ class Pair:
     np.testing.assert_array_equal(np.asarray(self.rep.ssm)[kept], checkpoints[kept])
     self.folds_checked += len(folded)
     self.folded_along += int(np.sum(folding & ~flush & (wp > 0)))
-    tol = TOLERANCE[(jnp.dtype(x[0].dtype).name, self.rep_spec.dot_precision)]
+    copy = self.rep.ssm_copy
+    if copy is not None:  # every checkpoint's copy is that checkpoint rounded, bitwise
+      np.testing.assert_array_equal(np.asarray(copy), np.asarray(self.rep.ssm.astype(copy.dtype)))
+    precision = "bf16" if copy is not None else self.rep_spec.dot_precision
+    tol = TOLERANCE[(jnp.dtype(x[0].dtype).name, precision)]
     assert rel_err(o_rep[valid], o_rec[valid]) < tol
     np.testing.assert_array_equal(np.asarray(o_rep)[~valid], 0)
     if not decode:
@@ -129,10 +134,12 @@ def _distinct(slots):
   return out
 
 
-def _run_schedule(T, L, backend, schedule, *, interleave, fold_together=None):
+def _run_schedule(T, L, backend, schedule, *, interleave, fold_together=None,
+                  checkpoint_copy=None):
   seed, steps = schedule
   rng = np.random.default_rng(seed)
-  pair = Pair.create(T, L, backend, rng, fold_together=fold_together)
+  pair = Pair.create(T, L, backend, rng, fold_together=fold_together,
+                     checkpoint_copy=checkpoint_copy)
   pair.reset(list(range(SLOTS)), rng)
   for slots, rejected, reset, decode in steps:
     slots = _distinct(slots)
@@ -241,6 +248,11 @@ def test_wide_batches_split_form(T, L, decode_share, stream_fold, backend, monke
     spec, V = pair.rep_spec, GDN_WIDE.head_v_dim
     assert ssm._fuses_fold(spec, jnp.zeros((B, T)), ssm.default_state_tuning(spec, V),
                            ssm.default_replay_tuning(spec, V, T, B)) is stream_fold
+  _drive_wide(pair, B, T, decode_share, rng)
+
+
+def _drive_wide(pair, B, T, decode_share, rng):
+  """Steps of B rows, most of them padding, a random share of them decode, some resets."""
   pair.reset(list(range(SLOTS)), rng)
   for _ in range(40 if decode_share < 1 else 12):
     chosen = rng.permutation(SLOTS)[:rng.integers(1, SLOTS + 1)]
@@ -252,6 +264,70 @@ def test_wide_batches_split_form(T, L, decode_share, stream_fold, backend, monke
     pair.step(slots.tolist(), rng.integers(0, T + 1, B).tolist(),
               pair.window(rng, B, 1 if decode else T), decode=decode)
   assert pair.folds_checked > 0
+
+
+# ----------------------------------------------------------------------------- checkpoint copy
+
+COPY_RINGS = [(1, 2), (2, 8), (4, 16)]
+
+
+@pytest.mark.parametrize("T,L", COPY_RINGS, ids=[f"T{T}-L{L}" for T, L in COPY_RINGS])
+def test_checkpoint_copy_schedules(T, L, backend):
+  """`SpecConfig.checkpoint_copy`: decode and verify schedules keep every checkpoint bitwise
+  the recurrent committed state after each fold, its copy bitwise that checkpoint rounded to
+  bf16 at every step (resets and folds write both), outputs within the bf16 floor."""
+  @settings(max_examples=2, phases=NO_SHRINK)
+  @given(_schedules(T, steps=150))
+  def run(schedule):
+    _run_schedule(T, L, backend, schedule, interleave=True, checkpoint_copy=jnp.bfloat16)
+
+  run()
+
+
+@pytest.mark.parametrize("T,L,decode_share", [(4, 16, 0.3), (1, 2, 1.0)])
+def test_checkpoint_copy_wide_batches(T, L, decode_share, backend):
+  """The split form (windows from 16 rows, decode from 64) reading the copy: its stream's
+  checkpoint dot in bf16 (`replay_split`), the flush rows folded by the fold kernel."""
+  B = SPLIT_MIN_BATCH["decode" if decode_share == 1.0 else "window"]
+  rng = np.random.default_rng(T + 7)
+  pair = Pair.create(T, L, backend, rng, gdn=GDN_WIDE, checkpoint_copy=jnp.bfloat16)
+  spec, V = pair.rep_spec, GDN_WIDE.head_v_dim
+  assert not ssm._fuses_fold(spec, jnp.zeros((B, T)), ssm.default_state_tuning(spec, V),
+                             ssm.default_replay_tuning(spec, V, T, B))
+  _drive_wide(pair, B, T, decode_share, rng)
+
+
+@pytest.mark.parametrize("B", [2, 16])
+def test_verify_reads_the_checkpoint_copy(B, backend):
+  """Outputs with the copy are those of a cache without one whose checkpoints are already
+  bf16 values, to fp32 rounding (not the bf16 floor): verify and decode read the copy."""
+  T, L = 2, 8
+  rng = np.random.default_rng(B)
+  copy_spec = SpecConfig(draft_tokens=T, ring_len=L, backend=backend,
+                         checkpoint_copy=jnp.bfloat16)
+  plain_spec = dataclasses.replace(copy_spec, checkpoint_copy=None)
+  with_copy = ssm.init(GDN_WIDE, copy_spec, SLOTS, dtype=jnp.float32)
+  plain = ssm.init(GDN_WIDE, plain_spec, SLOTS, dtype=jnp.float32)
+  rows = min(B - 1, SLOTS)  # the rest padding
+  ids = jnp.asarray(np.r_[rng.permutation(SLOTS)[:rows], np.full(B - rows, -1)], jnp.int32)
+  S0 = jnp.asarray(rng.standard_normal((B, *plain.ssm.shape[1:])), jnp.float32)
+  with_copy = ssm.reset(with_copy, ids, S0, copy_spec)
+  plain = ssm.reset(plain, ids, S0.astype(jnp.bfloat16).astype(jnp.float32), plain_spec)
+  pair = Pair.create(T, L, backend, rng, gdn=GDN_WIDE)
+  params = (pair.A_log, pair.dt_bias)
+  for step, n in enumerate((T, 1, T)):  # verify, decode, verify: 2 + 1 + 2 records, no fold
+    x = pair.window(rng, B, n)
+    call = ssm.verify if n == T else ssm.decode
+    o_copy, with_copy = call(with_copy, *x, *params, ids, copy_spec)
+    o_plain, plain = call(plain, *x, *params, ids, plain_spec)
+    assert rel_err(o_copy, o_plain) < 1e-5, step
+    if n == T:
+      acc = jnp.full((B,), T, jnp.int32)
+      with_copy = ssm.commit(with_copy, ids, acc, copy_spec)
+      plain = ssm.commit(plain, ids, acc, plain_spec)
+  # Every record since the reset is still in the ring: no fold has run.
+  live = np.asarray(ids)[np.asarray(ids) >= 0]
+  np.testing.assert_array_equal(np.asarray(with_copy.write_pos)[live], 2 * T + 1)
 
 
 def test_decode_only_4000_tokens_no_drift():
@@ -379,6 +455,18 @@ def test_jitted_steps_alias_the_cache(mode, B, backend):
                 "per-row temporaries are checked at 64 rows")
   _assert_steps_alias(SpecConfig(draft_tokens=4, ring_len=16, verify_mode=mode, backend=backend),
                       B)
+
+
+@pytest.mark.parametrize("B", [3, 64, 256])
+def test_checkpoint_copy_steps_alias_the_cache(B, backend):
+  """With `SpecConfig.checkpoint_copy` the fold writes the copy in place too, and the verify
+  reads it: no copy of either."""
+  if backend == "pallas" and interpret_mode():
+    pytest.skip("the Pallas interpreter copies the operands it reads (see above)")
+  if B == 256 and backend != "pallas":
+    pytest.skip("the XLA reference's per-row temporaries are checked at 64 rows")
+  _assert_steps_alias(SpecConfig(draft_tokens=4, ring_len=16, backend=backend,
+                                 checkpoint_copy=jnp.bfloat16), B)
 
 
 @pytest.mark.gpu

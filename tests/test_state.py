@@ -24,8 +24,9 @@ CURSOR_FIELDS = {"write_pos", "cache_base", "is_flush"}
 
 
 def _shapes(cache) -> dict[str, tuple[tuple[int, ...], jnp.dtype]]:
+  """Shape and dtype of each array field (None fields, a copy not kept, left out)."""
   return {f.name: (getattr(cache, f.name).shape, getattr(cache, f.name).dtype)
-          for f in dataclasses.fields(cache)}
+          for f in dataclasses.fields(cache) if getattr(cache, f.name) is not None}
 
 
 def _random_like(cache, seed: int):
@@ -81,6 +82,7 @@ def test_replay_cache_shapes(act, ring_dtype):
       "is_flush": ((S,), jnp.bool_),
   }
   assert "intermediate" not in _shapes(cache)
+  assert cache.ssm_copy is None and cache.verify_ssm is cache.ssm
   assert (cache.num_slots, cache.ring_len) == (S, L)
   # Reset cursors: write_pos = cache_base = 0, is_flush = (2T > L) = False.
   assert not np.any(cache.write_pos) and not np.any(cache.cache_base)
@@ -111,14 +113,31 @@ def test_recurrent_nbytes():
   assert cache.nbytes == sum(fields.values()) == S * (1 + T) * HV * V * K * 4
 
 
-def test_replay_nbytes():
-  cache = ReplayCache.create(GDN, REPLAY, S, dtype=jnp.bfloat16)
+@pytest.mark.parametrize("copy", [None, jnp.bfloat16], ids=["plain", "copy"])
+def test_replay_nbytes(copy):
+  spec = dataclasses.replace(REPLAY, checkpoint_copy=copy)
+  cache = ReplayCache.create(GDN, spec, S, dtype=jnp.bfloat16)
   fields = cache.field_nbytes()
   assert list(fields) == [f.name for f in dataclasses.fields(ReplayCache)]
-  assert all(fields[name] == getattr(cache, name).nbytes for name in fields)
+  assert all(fields[name] == (0 if getattr(cache, name) is None else getattr(cache, name).nbytes)
+             for name in fields)
   rings = S * L * ((HV * V + H * K) * (2 + 2) + 2 * HV * 4)
+  copy_bytes = 0 if copy is None else S * HV * V * K * 2
+  assert fields["ssm_copy"] == copy_bytes
   assert cache.ring_nbytes == sum(fields[name] for name in RING_FIELDS) == rings
-  assert cache.nbytes == sum(fields.values()) == S * HV * V * K * 4 + rings + S * (4 + 4 + 1)
+  assert cache.nbytes == sum(fields.values()) == (S * HV * V * K * 4 + rings + S * (4 + 4 + 1)
+                                                  + copy_bytes)
+
+
+def test_replay_cache_keeps_the_checkpoint_copy():
+  """`SpecConfig.checkpoint_copy`: a zero bf16 copy beside the checkpoint, which verify reads;
+  a cache with and without one are different pytrees (one jitted step each)."""
+  spec = dataclasses.replace(REPLAY, checkpoint_copy=jnp.bfloat16)
+  cache = ReplayCache.create(GDN, spec, S, dtype=jnp.bfloat16)
+  assert _shapes(cache)["ssm_copy"] == ((S, HV, V, K), jnp.bfloat16)
+  assert cache.verify_ssm is cache.ssm_copy and not np.any(cache.ssm_copy)
+  plain = ReplayCache.create(GDN, REPLAY, S, dtype=jnp.bfloat16)
+  assert len(jax.tree.leaves(cache)) == len(jax.tree.leaves(plain)) + 1
 
 
 def test_conv_nbytes():

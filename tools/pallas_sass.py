@@ -70,15 +70,21 @@ def _shapes(B: int, T: int, L: int, gdn=bench.GEOMETRY) -> dict[str, jax.ShapeDt
                       T=T, L=L, slots=B, B=B, act=ACT, ring=ACT)
 
 
-def call(kernel: str, B: int, T: int, L: int, **kw):
-  """``(fn, args)``: the kernel's call with the benchmarks' tuning and its argument shapes."""
+def call(kernel: str, B: int, T: int, L: int, *, copy: bool = False, **kw):
+  """``(fn, args)``: the kernel's call with the benchmarks' tuning and its argument shapes;
+  ``copy``: with the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`), which the fold
+  writes and the replay verify reads."""
   kern, x = bench.kernels_for("pallas"), _shapes(B, T, L)
   V = bench.GEOMETRY.head_v_dim
   window = [x[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "slot_ids")]
+  ssm_copy = jax.ShapeDtypeStruct(x["ssm"].shape, jnp.bfloat16)
   if kernel == "fold":
-    return (functools.partial(kern.fold, tuning=kern.state_tuning(V), **kw),
-            [x[n] for n in ("ssm", "ring_rawk", "ring_rawv", "ring_g", "ring_beta", "slot_ids",
-                            "count", "cache_base")])
+    args = [x[n] for n in ("ssm", "ring_rawk", "ring_rawv", "ring_g", "ring_beta", "slot_ids",
+                           "count", "cache_base")]
+    fold = functools.partial(kern.fold, tuning=kern.state_tuning(V), **kw)
+    if copy:
+      return (lambda *a: fold(*a[:-1], ssm_copy=a[-1])), [*args, ssm_copy]
+    return fold, args
   if kernel == "recurrent_verify":
     return (functools.partial(kern.recurrent_verify, tuning=kern.state_tuning(V), **kw),
             [x["ssm"], x["intermediate"], *window])
@@ -89,6 +95,10 @@ def call(kernel: str, B: int, T: int, L: int, **kw):
   replay = [x[n] for n in ("ssm", "ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk",
                             "ring_rawv", "q", "k", "v", "a", "b", "A_log", "dt_bias",
                             "slot_ids", "write_pos", "cache_base")]
+  if copy and kernel == "fold_replay_verify":
+    raise ValueError("the split form's stream folds no row with a checkpoint copy (ssm.py).")
+  if copy:
+    replay[0] = ssm_copy
   if kernel == "replay_verify":
     return (functools.partial(kern.replay_verify, tuning=kern.replay_tuning(V, T, B),
                               dot_precision="default", **kw), replay)
@@ -269,6 +279,9 @@ def main(argv=None) -> int:
   p.add_argument("--ring", type=int, default=16)
   p.add_argument("--kw", default="{}", type=ast.literal_eval,
                  help="extra keyword arguments as a dict literal, e.g. \"{'prefetch': False}\"")
+  p.add_argument("--checkpoint-copy", action="store_true",
+                 help="the fold writes, the replay verify reads the checkpoint's bf16 copy "
+                      "(SpecConfig.checkpoint_copy)")
   p.add_argument("--sass", type=Path, help="write each kernel's SASS into this folder")
   p.add_argument("--save", type=Path, help="shipped: write the SASS into this folder")
   p.add_argument("--compare", type=Path,
@@ -291,7 +304,8 @@ def main(argv=None) -> int:
     if args.backend == "triton":
       reports = [triton_backend_sm90(args.kernel)]
     else:
-      fn, shapes = call(args.kernel, args.batch, args.T, args.ring, interpret=False, **args.kw)
+      fn, shapes = call(args.kernel, args.batch, args.T, args.ring, interpret=False,
+                        copy=args.checkpoint_copy, **args.kw)
       reports = [compile_sm90(module, Path(tmp)) for module in triton_modules(fn, shapes)]
     for r in reports:
       print(f"{r['name']}: {r['num_warps']} warps, {r['registers']} registers, spills "

@@ -93,15 +93,22 @@ def kernels_for(backend: str) -> Kernels:
 
 @dataclasses.dataclass(frozen=True)
 class Bytes:
-  """Minimal HBM bytes per request (anchor-bench.md "Byte models"), for bf16 activations/rings."""
+  """Minimal HBM bytes per request (anchor-bench.md "Byte models"), for bf16 activations/rings.
+  With ``copy`` (`SpecConfig.checkpoint_copy`) the verify reads the checkpoint's bf16 copy
+  and the fold writes it too."""
 
   gdn: GDNConfig
   T: int
+  copy: bool = False
 
   @property
   def S(self):  # one fp32 state
     g = self.gdn
     return g.num_v_heads * g.head_v_dim * g.head_k_dim * 4
+
+  @property
+  def S_read(self):  # the checkpoint as the replay verify reads it
+    return self.S // 2 if self.copy else self.S
 
   def tok_in(self):  # q, k, v, a, b
     g = self.gdn
@@ -133,14 +140,17 @@ class Bytes:
 
   def rssm_verify(self, wp, T=None):
     T = T or self.T
-    return self.S + self.io(T) + wp * self.hist_rec() + T * self.win_rec()
+    return self.S_read + self.io(T) + wp * self.hist_rec() + T * self.win_rec()
 
   def fold(self, wp):
-    return 2 * self.S + wp * self.raw_rec()
+    return 2 * self.S + (self.S // 2 if self.copy else 0) + wp * self.raw_rec()
 
   def rssm_step(self, wp, flush, T=None):
-    # The fused minimum: a flush row reads its checkpoint once and writes it once.
-    return (self.fold(wp) + self.rssm_verify(0, T) - self.S) if flush else self.rssm_verify(wp, T)
+    # The fused minimum: a flush row reads its checkpoint once and writes it (and its copy)
+    # once.
+    if not flush:
+      return self.rssm_verify(wp, T)
+    return self.fold(wp) + self.rssm_verify(0, T) - self.S_read
 
 
 def copy_pass(nbytes: int, reps: int = 20) -> Timing:
@@ -175,13 +185,15 @@ def _replay_cache(rng, gdn, spec, B, write_pos, is_flush):
   cache = ssm.init(gdn, spec, B, dtype=ACT)
   r = lambda a: jnp.asarray(rng.standard_normal(a.shape, np.float32) * 0.3).astype(a.dtype)
   g = -jnp.asarray(rng.uniform(0.003, 0.15, cache.ring_g.shape), jnp.float32)
+  S = r(cache.ssm)
   return dataclasses.replace(
-      cache, ssm=r(cache.ssm), ring_d=r(cache.ring_d), ring_k=r(cache.ring_k), ring_g=g,
+      cache, ssm=S, ring_d=r(cache.ring_d), ring_k=r(cache.ring_k), ring_g=g,
       ring_beta=jnp.asarray(rng.uniform(0, 1, cache.ring_beta.shape), jnp.float32),
       ring_rawk=r(cache.ring_rawk), ring_rawv=r(cache.ring_rawv),
       write_pos=jnp.asarray(write_pos, jnp.int32),
       cache_base=jnp.asarray(rng.integers(0, spec.ring_len, B), jnp.int32),
-      is_flush=jnp.asarray(is_flush, bool))
+      is_flush=jnp.asarray(is_flush, bool),
+      ssm_copy=None if cache.ssm_copy is None else S.astype(cache.ssm_copy.dtype))
 
 
 def _restoring(step, cursors_of):
@@ -251,18 +263,19 @@ def traffic_phases(cache: ReplayCache, accepted: np.ndarray, spec: SpecConfig):
 
 def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, reps: int = 30,
                 decode_rings=(8, 16, 32), backend: str = "pallas",
-                fold_together: float | None = None, paths=tuple(PATH_GROUPS)):
+                fold_together: float | None = None, paths=tuple(PATH_GROUPS),
+                checkpoint_copy=None):
   """The paths of ``paths`` (groups of `PATH_GROUPS`, default all) at batch size ``B`` on
   ``backend``'s kernels; yields (name, wp, L, timing, bytes). ``fold_together``: the ReplaySSM
   rows with this share of a ring fold along with a flush row (`SpecConfig.fold_together`,
-  `fold_together_records`)."""
+  `fold_together_records`); ``checkpoint_copy``: theirs (`SpecConfig.checkpoint_copy`)."""
   unknown = set(paths) - PATH_GROUPS.keys()
   if unknown:
     raise ValueError(f"unknown path groups {sorted(unknown)}; use some of {list(PATH_GROUPS)}.")
   rng = np.random.default_rng(B)
   kern = kernels_for(backend)
   tuning = kern.state_tuning(gdn.head_v_dim)
-  nbytes = Bytes(gdn, T)
+  nbytes = Bytes(gdn, T, copy=checkpoint_copy is not None)
   slot_ids = jnp.arange(B, dtype=jnp.int32)
   x = _inputs(rng, B, T, gdn)
   x1 = _inputs(rng, B, 1, gdn)
@@ -288,22 +301,25 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
 
   # ReplaySSM kernels alone.
   spec = SpecConfig(draft_tokens=T, ring_len=L, verify_mode="replayssm", backend=backend,
-                    fold_together=fold_together_records(fold_together, L))
+                    fold_together=fold_together_records(fold_together, L),
+                    checkpoint_copy=checkpoint_copy)
   cache = _replay_cache(rng, gdn, spec, B, np.full(B, 8), np.zeros(B, bool))
   rings = replay_kernels.RING_NAMES
 
   def replay_only(c, ids):
     _, *out = kern.replay_verify(
-        c.ssm, *(getattr(c, n) for n in rings), *_window(x), ids, c.write_pos, c.cache_base,
+        c.verify_ssm, *(getattr(c, n) for n in rings), *_window(x), ids, c.write_pos, c.cache_base,
         tuning=kern.replay_tuning(gdn.head_v_dim, T, B), dot_precision=spec.dot_precision)
     return dataclasses.replace(c, **dict(zip(rings, out)))
 
   wp_fold = L - T
 
   def fold_only(c, ids, count):
-    return dataclasses.replace(c, ssm=kern.fold(
-        c.ssm, c.ring_rawk, c.ring_rawv, c.ring_g, c.ring_beta, ids, count, c.cache_base,
-        tuning=tuning))
+    args = (c.ssm, c.ring_rawk, c.ring_rawv, c.ring_g, c.ring_beta, ids, count, c.cache_base)
+    if c.ssm_copy is None:
+      return dataclasses.replace(c, ssm=kern.fold(*args, tuning=tuning))
+    S, S_copy = kern.fold(*args, tuning=tuning, ssm_copy=c.ssm_copy)
+    return dataclasses.replace(c, ssm=S, ssm_copy=S_copy)
 
   if "kernels" in paths:  # the slot ids (and fold counts) as inputs, as a server passes them
     t, cache = time_calls(jax.jit(replay_only, donate_argnums=0), cache, args=(slot_ids,),
@@ -352,7 +368,8 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   if "decode" in paths:
     for L_dec in decode_rings:
       dspec = SpecConfig(draft_tokens=1, ring_len=L_dec, verify_mode="replayssm", backend=backend,
-                         fold_together=fold_together_records(fold_together, L_dec))
+                         fold_together=fold_together_records(fold_together, L_dec),
+                         checkpoint_copy=checkpoint_copy)
       steps = L_dec - 1
 
       cycle = _steps_restoring(
@@ -438,6 +455,9 @@ def main(argv=None) -> int:
   p.add_argument("--fold-together", type=float, default=None, metavar="SHARE",
                  help="ReplaySSM rows holding this share of the ring fold along with a step's "
                       "flush rows (SpecConfig.fold_together; default: only flush rows fold)")
+  p.add_argument("--checkpoint-copy", choices=("bfloat16",), default=None,
+                 help="ReplaySSM keeps a bf16 copy of each checkpoint, which verify and decode "
+                      "read (SpecConfig.checkpoint_copy; default: none; --backend pallas)")
   p.add_argument("--fold-first", action=argparse.BooleanOptionalAction,
                  default=replay_split.STREAM_FOLD_FIRST,
                  help="launch the folding rows' stream programs first "
@@ -492,6 +512,8 @@ def main(argv=None) -> int:
                      else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
   if args.triton_split_min_batch is not None and args.backend != "triton":
     p.error("--triton-split-min-batch applies to --backend triton only.")
+  if args.checkpoint_copy is not None and args.backend != "pallas":
+    p.error("--checkpoint-copy: the triton backend keeps no checkpoint copy yet.")
   if args.fold_together is not None and not 0 < args.fold_together <= 1:
     p.error(f"--fold-together {args.fold_together} must be a share of the ring in (0, 1].")
   start = time.monotonic()
@@ -505,7 +527,8 @@ def main(argv=None) -> int:
                 python=platform.python_version(), copy_tbps=round(bw / 1e12, 3),
                 copy_method=bw_timing.method, geometry=dataclasses.asdict(gdn), T=4, L=16,
                 backend=args.backend, fold_together=args.fold_together,
-                fold_first=args.fold_first, one_kernel_fold=args.one_kernel_fold,
+                checkpoint_copy=args.checkpoint_copy, fold_first=args.fold_first,
+                one_kernel_fold=args.one_kernel_fold,
                 fuse_fold_below=fuse_fold_below, tile_grid=args.tile_grid,
                 fold_prefetch_at=args.fold_prefetch_at,
                 fold_prefetch_records_to=args.fold_prefetch_records_to,
@@ -550,7 +573,8 @@ def main(argv=None) -> int:
       for name, wp, L, t, model in bench_batch(B, gdn=gdn, reps=args.reps, backend=args.backend,
                                                  decode_rings=args.decode_rings,
                                                  fold_together=args.fold_together,
-                                                 paths=args.paths):
+                                                 paths=args.paths,
+                                                 checkpoint_copy=args.checkpoint_copy):
         tbps = model / (t.median_us * 1e-6) / 1e12
         rows.append(dict(kernel=name, B=B, wp=wp, L=L, median_us=round(t.median_us, 2),
                          p20_us=round(t.p20_us, 2), p80_us=round(t.p80_us, 2), reps=t.reps,

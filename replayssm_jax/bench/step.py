@@ -28,13 +28,15 @@ the aliasing check reports, so it is a diagnostic, not the measurement.
 
     python -m replayssm_jax.bench.step --out step.json            # GPU: pallas backend
     python -m replayssm_jax.bench.step --tiny --out /tmp/s.json   # CPU smoke run (xla backend)
+    python -m replayssm_jax.bench.step --checkpoint-copy bfloat16  # ReplaySSM reads a bf16 copy
     python -m replayssm_jax.bench.step --batch 256 --set "ssm.SKIP_IDLE_FOLD={'xla': False, \
         'pallas': True, 'triton': False}"   # a knob of the package set in every mode's process
 
 ``--tiny`` runs a tiny geometry on the CPU; its numbers mean nothing. The issue #9 target is
 "peak memory of the ReplaySSM step at B = 256 at least 5x below the recurrent step's spec
 scratch"; the summary gives that ratio against the whole ReplaySSM peak (checkpoint and inputs
-included) and against the ReplaySSM step's own spec memory (rings + transient).
+included) and against the ReplaySSM step's own spec memory (rings, and the checkpoint copy if
+kept, + transient).
 """
 
 from __future__ import annotations
@@ -88,9 +90,10 @@ def geometry(tiny: bool) -> GDNConfig:
   return TINY if tiny else GDNConfig.preset(PRESET)
 
 
-def spec_for(mode: str, backend: str) -> SpecConfig:
-  """The SpecConfig of ``mode`` (T=4, L=16)."""
-  return SpecConfig(draft_tokens=T, ring_len=L, verify_mode=mode, backend=backend)
+def spec_for(mode: str, backend: str, checkpoint_copy: str | None = None) -> SpecConfig:
+  """The SpecConfig of ``mode`` (T=4, L=16); ``checkpoint_copy`` applies to replayssm."""
+  return SpecConfig(draft_tokens=T, ring_len=L, verify_mode=mode, backend=backend,
+                    checkpoint_copy=checkpoint_copy if mode == "replayssm" else None)
 
 
 def _uniform(seed: jax.Array, index: int, shape: tuple[int, ...]) -> jax.Array:
@@ -128,7 +131,7 @@ def _fill(seed: jax.Array, layout: tuple[tuple[str, tuple[int, ...], str, str], 
 
 _LEAF_KIND = {"ssm": "normal", "intermediate": "zeros", "ring_d": "normal", "ring_k": "normal",
               "ring_rawk": "normal", "ring_rawv": "normal", "ring_g": "log_decay",
-              "ring_beta": "uniform"}
+              "ring_beta": "uniform", "ssm_copy": "normal"}
 
 
 def _cursor_values(B: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -159,7 +162,8 @@ def make_caches(gdn: GDNConfig, spec: SpecConfig, B: int, layers: int, *, seed: 
   lead = (layers,) if layout == "scan" else ()
   names = [f.name for f in dataclasses.fields(shape)]
   arrays = tuple((n, (*lead, *getattr(shape, n).shape), jnp.dtype(getattr(shape, n).dtype).name,
-                  _LEAF_KIND[n]) for n in names if n not in _CURSOR_FIELDS)
+                  _LEAF_KIND[n]) for n in names
+                 if n not in _CURSOR_FIELDS and getattr(shape, n) is not None)
 
   def one(layer: int):
     fields = _fill(jnp.uint32(seed * 1000 + layer), arrays)
@@ -342,7 +346,8 @@ def static_bytes(gdn: GDNConfig, spec: SpecConfig, B: int, layers: int) -> dict[
   fields = layer_cache_shape(gdn, spec, B).field_nbytes()
   inputs = jax.eval_shape(lambda: make_inputs(gdn, B, 1))
   scratch = (fields["intermediate"] if spec.verify_mode == "recurrent"
-             else sum(n for name, n in fields.items() if name.startswith("ring_")))
+             else sum(n for name, n in fields.items() if name.startswith("ring_"))
+             + fields["ssm_copy"])
   return dict(cache_bytes=layers * sum(fields.values()), checkpoint_bytes=layers * fields["ssm"],
               scratch_bytes=layers * scratch, input_bytes=layers * tree_nbytes(inputs))
 
@@ -357,7 +362,7 @@ def _memory_stats() -> dict[str, int] | None:
 
 def run_mode(mode: str, B: int, *, layers: int, tiny: bool = False, backend: str = "auto",
              layout: str = "loop", chain: bool = True, reps: int = 20,
-             warmup: int = 2) -> dict[str, Any]:
+             warmup: int = 2, checkpoint_copy: str | None = None) -> dict[str, Any]:
   """Build, compile, check, measure and time one mode at batch ``B``; returns its row.
 
   Memory: the device's ``bytes_in_use`` after the caches and inputs are built
@@ -368,11 +373,12 @@ def run_mode(mode: str, B: int, *, layers: int, tiny: bool = False, backend: str
   """
   gdn = geometry(tiny)
   backend = resolve_backend(backend)
-  spec = spec_for(mode, backend)
+  spec = spec_for(mode, backend, checkpoint_copy)
   device = jax.devices()[0]
   row: dict[str, Any] = dict(mode=mode, B=B, layers=layers, layout=layout, chain=chain, backend=backend,
                              device=device.device_kind, platform=device.platform, jax=jax.__version__,
-                             status="ok", **static_bytes(gdn, spec, B, layers))
+                             status="ok", checkpoint_copy=checkpoint_copy,
+                             **static_bytes(gdn, spec, B, layers))
   stats = _memory_stats()
   row["bytes_limit"] = stats.get("bytes_limit") if stats else None
   need = row["cache_bytes"] + row["input_bytes"]
@@ -435,6 +441,8 @@ def _run_child(mode: str, B: int, args: argparse.Namespace) -> dict[str, Any]:
            "--layers", str(args.layers), "--backend", args.backend, "--layout", args.layout,
            "--reps", str(args.reps), "--out", out] + (["--tiny"] if args.tiny else []) + (
                [] if args.chain else ["--no-chain"]) + [a for k in args.set for a in ("--set", k)]
+    if args.checkpoint_copy:
+      cmd += ["--checkpoint-copy", args.checkpoint_copy]
     env = dict(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
     try:
@@ -458,7 +466,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
   - ``scratch_vs_peak``: recurrent spec scratch / the ReplaySSM step's peak memory (the device
     peak; `memory_analysis`'s estimate where the device has no allocator statistics);
-  - ``scratch_vs_spec``: recurrent spec scratch / (ReplaySSM rings + the step's transient bytes);
+  - ``scratch_vs_spec``: recurrent spec scratch / (ReplaySSM rings [+ checkpoint copy] + the
+    step's transient bytes);
   - ``peak_ratio``: recurrent peak / ReplaySSM peak; ``speedup``: recurrent / ReplaySSM time.
   """
   by = {(r["B"], r["mode"]): r for r in rows}
@@ -473,7 +482,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     s = dict(B=B, recurrent_scratch_bytes=rec["scratch_bytes"], replayssm_scratch_bytes=rep["scratch_bytes"],
              replayssm_peak_bytes=_peak(rep),
              peak_source="device" if rep.get("peak_bytes") is not None else "memory_analysis",
-             replayssm_spec_bytes=rep["scratch_bytes"] + max(0, transient))
+             replayssm_spec_bytes=rep["scratch_bytes"] + max(0, transient),
+             copy=rep.get("checkpoint_copy") is not None)
     s["scratch_vs_peak"] = round(s["recurrent_scratch_bytes"] / s["replayssm_peak_bytes"], 2)
     s["scratch_vs_spec"] = round(s["recurrent_scratch_bytes"] / s["replayssm_spec_bytes"], 2)
     if rec.get("status") == "ok":
@@ -506,7 +516,8 @@ def format_table(result: dict[str, Any]) -> str:
   for s in result.get("summary", []):
     line = (f"B={s['B']}: recurrent spec scratch {_b(s['recurrent_scratch_bytes'])} / ReplaySSM step "
             f"peak {_b(s['replayssm_peak_bytes'])} ({s['peak_source']}) = {s['scratch_vs_peak']}x; "
-            f"/ ReplaySSM rings + transient {_b(s['replayssm_spec_bytes'])} = {s['scratch_vs_spec']}x")
+            f"/ ReplaySSM {'rings + copy' if s.get('copy') else 'rings'} + transient "
+            f"{_b(s['replayssm_spec_bytes'])} = {s['scratch_vs_spec']}x")
     if "speedup" in s:
       line += f"; peak ratio {s['peak_ratio']}x, step speed-up {s['speedup']}x"
     lines.append(line)
@@ -541,6 +552,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help="set a knob of replayssm_jax.MODULE for the run (repeatable), as "
                       "bench.kernels --set, e.g. \"ssm.SKIP_IDLE_FOLD={'xla': False, "
                       "'pallas': True, 'triton': False}\"")
+  p.add_argument("--checkpoint-copy", choices=("bfloat16",), default=None,
+                 help="the ReplaySSM caches keep a bf16 copy of each checkpoint, which the "
+                      "verify reads (SpecConfig.checkpoint_copy; default: none)")
   p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)  # one mode, one B -> --out
   args = p.parse_args(argv)
   try:
@@ -557,7 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`run_mode` in this process under the knobs, which its row names."""
     with knobs_set(knobs):
       row = run_mode(mode, B, layers=args.layers, tiny=args.tiny, backend=args.backend,
-                     layout=args.layout, chain=args.chain, reps=args.reps)
+                     layout=args.layout, chain=args.chain, reps=args.reps,
+                     checkpoint_copy=args.checkpoint_copy)
     return dict(row, set=knobs_named)
 
   if args.child:
@@ -573,6 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       python=platform.python_version(), preset=None if args.tiny else PRESET, tiny=args.tiny,
       geometry=dataclasses.asdict(geometry(args.tiny)), layers=args.layers, T=T, L=L,
       layout=args.layout, chain=args.chain, phases=[list(p) for p in PHASES],
+      checkpoint_copy=args.checkpoint_copy,
       set=knobs_named, rows=rows, summary=[])
 
   def write():

@@ -113,7 +113,7 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
               rows: pl.Slice | tuple[pl.Slice, ...], count, base, ring_len: int, k_chunk: int,
               prefetch: bool, compiled: bool, normalize_ahead: bool = False,
               prefetch_at: str = "start", record_order: tuple[str, ...] = RECORD_LOADS,
-              prefetch_records_to: str | None = None) -> None:
+              prefetch_records_to: str | None = None, copy_ref=None) -> None:
   """Replay ``count`` records of (slot, value head h) into ``ssm_ref[slot, h, rows, :]`` in place.
 
   The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
@@ -124,7 +124,8 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
   recurrent kernels normalise it, where it is used or, with ``prefetch`` and
   ``normalize_ahead``, when it is loaded. ``prefetch_at`` (`PREFETCH_ATS`): whether record
   i + 1 is loaded before record i's update ("start") or after it ("end"). ``record_order``
-  and ``prefetch_records_to``: as `FoldLoop`'s.
+  and ``prefetch_records_to``: as `FoldLoop`'s. ``copy_ref``: the checkpoint copy
+  (`SpecConfig.checkpoint_copy`), given the folded tile rounded to its dtype.
   """
   K = ssm_ref.shape[-1]
   tiles = rows if isinstance(rows, tuple) else (rows,)
@@ -182,6 +183,15 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
     S = jax.lax.fori_loop(0, count, lambda i, S: update(S, record(i)), S)
   for r, S_t in zip(tiles, S):
     tile.store(ssm_ref, (slot, h, r), S_t)
+  if copy_ref is not None:
+    # Rounded from the stored tile, read back (from L2: just written), not from the loop's:
+    # a bf16 store of the loop's tile made Triton lay the loop out anew (sm_90: 364 -> 381
+    # instructions, half the shuffles), which the bitwise tie with the recurrent kernels'
+    # layout cannot take.
+    if compiled:  # the program's threads read what its other threads stored
+      pltriton.debug_barrier()
+    for r in tiles:
+      copy_ref[slot, h, r, :] = ssm_ref[slot, h, r, :].astype(copy_ref.dtype)
 
 
 def fold_tiles(ssm_ref, *rings, loop: FoldLoop, first_row, tiles: int, **kw) -> None:
@@ -227,17 +237,18 @@ def _fold_kernel(
     ring_g_ref,  # [slots, HV, L] f32
     ring_beta_ref,  # [slots, HV, L] f32
     ssm_in_ref,  # [slots, HV, V, K] f32, aliased with ssm_ref
-    # outputs
-    ssm_ref,  # [slots, HV, V, K] f32
-    *,
+    *refs,  # with `copy`: the copy's input (aliased); outputs: ssm_ref, then the copy's
     ring_len: int,
     gqa_ratio: int,
     loop: FoldLoop,
     v_blocks: int,
     tile_ahead: int,
     compiled: bool,
+    copy: bool,
 ):
-  del ssm_in_ref  # the same buffer as ssm_ref
+  # outputs: ssm_ref [slots, HV, V, K] f32; with `copy`, copy_ref [slots, HV, V, K] bf16
+  del ssm_in_ref  # the same buffer as ssm_ref (and the copy's input as copy_ref)
+  ssm_ref, copy_ref = (refs[1], refs[2]) if copy else (refs[0], None)
   row, h, j = row_ids()
   slot, count, base = slot_ids_ref[row], count_ref[row], cache_base_ref[row]
   rows = v_blocks * loop.block_v
@@ -259,10 +270,12 @@ def _fold_kernel(
   def _fold():
     fold_tiles(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, loop=loop,
                first_row=j * rows, tiles=v_blocks, slot=slot, h=h,
-               kh=h // gqa_ratio, count=count, base=base, ring_len=ring_len, compiled=compiled)
+               kh=h // gqa_ratio, count=count, base=base, ring_len=ring_len, compiled=compiled,
+               copy_ref=copy_ref)
 
 
-def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base):
+def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base,
+                  ssm_copy=None):
   slots, HV, V, K = ssm.shape
   H, L = ring_rawk.shape[1], ring_rawk.shape[2]
   B = slot_ids.shape[0]
@@ -276,6 +289,8 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
       raise ValueError(f"{name} has shape {given[name].shape}; expected {want} (ssm is {ssm.shape}).")
   if ssm.dtype != jnp.float32:
     raise ValueError(f"the exact fold needs an fp32 checkpoint; ssm is {ssm.dtype}.")
+  if ssm_copy is not None and ssm_copy.shape != ssm.shape:
+    raise ValueError(f"ssm_copy has shape {ssm_copy.shape}; expected {ssm.shape} (as ssm).")
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch",
@@ -287,11 +302,14 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
          prefetch: bool | None = None, interleave: bool | None = None,
          normalize_ahead: bool | None = None, prefetch_at: str | None = None,
          record_order: tuple[str, ...] | None = None, prefetch_records_to: str | None = None,
-         prefetch_tile_ahead: int | None = None):
+         prefetch_tile_ahead: int | None = None, ssm_copy: jax.Array | None = None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
   Args:
     ssm: ``f32[slots, HV, V, K]`` checkpoints (aliased: updated in place).
+    ssm_copy: ``bf16[slots, HV, V, K]`` or None: the checkpoints' copy
+      (`SpecConfig.checkpoint_copy`; aliased), whose folded rows get the folded tiles
+      rounded to its dtype.
     ring_rawk, ring_rawv, ring_g, ring_beta: the slot rings (see `state.ReplayCache`).
     slot_ids: ``int32[B]``; -1 marks a padding row.
     count: ``int32[B]``, records to fold per row (``write_pos`` of flush rows, else 0).
@@ -316,9 +334,10 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
     None changes the arithmetic: every launch folds to the same bits.
 
   Returns:
-    The updated ``ssm``.
+    The updated ``ssm``, or ``(ssm, ssm_copy)`` with ``ssm_copy``.
   """
-  _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base)
+  _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base,
+                ssm_copy)
   B, (_, HV, V, K), H, L = slot_ids.shape[0], ssm.shape, ring_rawk.shape[1], ring_rawk.shape[2]
   tuning.check(V, K)
   tiles = V // tuning.block_v
@@ -339,14 +358,19 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
                      f"block_v={tuning.block_v} in head_v_dim={V}.")
   order_tag = "".join(n[0] for n in loop.record_order)  # kernel names take no "-"
   kernel = functools.partial(_fold_kernel, ring_len=L, gqa_ratio=HV // H, loop=loop,
-                             v_blocks=v_blocks, tile_ahead=tile_ahead, compiled=not interpret)
+                             v_blocks=v_blocks, tile_ahead=tile_ahead, compiled=not interpret,
+                             copy=ssm_copy is not None)
   inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
                 ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
-  return pl.pallas_call(
+  outputs = ["ssm"]
+  if ssm_copy is not None:
+    inputs["ssm_copy"] = ssm_copy
+    outputs.append("ssm_copy")
+  out = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct(ssm.shape, ssm.dtype),
+      out_shape=[jax.ShapeDtypeStruct(inputs[n].shape, inputs[n].dtype) for n in outputs],
       grid=row_grid(B, HV, V // (tuning.block_v * v_blocks)),
-      input_output_aliases={list(inputs).index("ssm"): 0},
+      input_output_aliases={list(inputs).index(n): i for i, n in enumerate(outputs)},
       interpret=interpret,
       compiler_params=tuning.compiler_params(),
       name=f"exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{tuning.k_chunk}"
@@ -355,8 +379,9 @@ def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_ba
            f"{'_end' if loop.prefetch and loop.prefetch_at == 'end' else ''}"
            f"{'' if loop.record_order == RECORD_LOADS else '_o' + order_tag}"
            f"{'_c' + loop.prefetch_records_to if loop.prefetch_records_to else ''}"
-           f"{f'_t{tile_ahead}' if tile_ahead else ''}",
+           f"{f'_t{tile_ahead}' if tile_ahead else ''}{'_copy' if ssm_copy is not None else ''}",
   )(*inputs.values())
+  return out[0] if ssm_copy is None else tuple(out)
 
 
 # ----------------------------------------------------------------------------- references
@@ -387,12 +412,18 @@ def replay_rows(S, rawk, rawv, g, beta, count, cache_base):
   return jax.lax.fori_loop(0, jnp.max(count, initial=0), step, S)
 
 
-def fold_reference(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, **_):
+def fold_reference(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
+                   ssm_copy=None, **_):
   """Pure-jnp `fold` (the ``xla`` backend)."""
-  _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base)
+  _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base,
+                ssm_copy)
   s = jnp.maximum(slot_ids, 0)
   count = jnp.where(slot_ids < 0, 0, count)
   rows = replay_rows(ssm[s], ring_rawk[s], ring_rawv[s], ring_g[s], ring_beta[s], count, cache_base)
   # Rows that fold nothing are not written back (a row with count 0 may share its
   # slot with nothing, but padding rows read slot 0 and must not write it).
-  return scatter_rows(ssm, jnp.where(count > 0, slot_ids, -1), rows)
+  targets = jnp.where(count > 0, slot_ids, -1)
+  ssm = scatter_rows(ssm, targets, rows)
+  if ssm_copy is None:
+    return ssm
+  return ssm, scatter_rows(ssm_copy, targets, rows)

@@ -429,8 +429,11 @@ def _stream_kernel(
 
     def chunk(c, Y):  # Y += X[:, chunk] S0[:, chunk]^T: a loop Triton software-pipelines
       ks = pl.ds(pl.multiple_of(c * k_chunk, k_chunk), k_chunk)
-      x = x_ref[row, kh, :, ks].astype(jnp.float32)  # the raw window: exact in a tf32 dot
-      return Y + dot_nt(x, ssm_ref[slot, h, vs, ks], precision_k)
+      x = x_ref[row, kh, :, ks]
+      if x.dtype != ssm_ref.dtype:  # the raw window, exact in a tf32 dot of the fp32 checkpoint
+        x = x.astype(jnp.float32)
+      # The checkpoint's bf16 copy with a bf16 window: a bf16 dot (`SpecConfig.checkpoint_copy`).
+      return Y + dot_nt(x, ssm_ref[slot, h, vs, ks].astype(x.dtype), precision_k)
 
     Y = jax.lax.fori_loop(0, K // k_chunk, chunk, jnp.zeros((2 * T_pad, block_v), jnp.float32))
     Y_q, Y_k = jnp.split(Y, 2, axis=0)  # of the raw X: its rows' norms scale eq and Dy below

@@ -72,6 +72,8 @@ from replayssm_jax.state import ReplayCache, logical_order
 
 RING_NAMES = ReplayCache.RINGS
 RING_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+# The checkpoint as the verify may read it: fp32, or its bf16 copy (`SpecConfig.checkpoint_copy`).
+CHECKPOINT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 # The (I + A) inverse is unrolled T - 1 times; the [2 T, K] window tile lives in registers
 # (H200: T=8 ran in 546 us at B=256, T=16 in 8.6 ms, spilling).
 MAX_DRAFT_TOKENS = 16
@@ -140,7 +142,8 @@ def _replay_verify_kernel(
     # [W_q; W_k] = exp(G_m) X S0^T + ((X K_hist^T) * w) D_hist              [2 T_pad, BV]
     # A tensor-core dot beat multiply-reduce here (H200, B=256, T=4: 396 vs 736 us;
     # benchmarks/NOTES.md run 2), even though it reshuffles the checkpoint tile.
-    W = decay_all * dot_nt(X, ssm_ref[slot, h, vs, :], precision_k)
+    S0 = ssm_ref[slot, h, vs, :].astype(jnp.float32)  # the fp32 checkpoint or its bf16 copy
+    W = decay_all * dot_nt(X, S0, precision_k)
     W = W + dot(dot_nt(X, k_hist, precision_k) * w[None, :], d_hist, precision_l)
     W_q, W_k = jnp.split(W, 2, axis=0)
     # [T_pad, T_pad]: q_hat_s . k_hat_j and k_hat_s . k_hat_j
@@ -294,8 +297,11 @@ def _check_inputs(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   L = ring_g.shape[-1]
   act, ring = q.dtype, ring_d.dtype
   f32, i32 = jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)
+  # The fp32 checkpoint or its bf16 copy (`SpecConfig.checkpoint_copy`); any other dtype is
+  # reported against fp32.
+  ssm_dtype = jnp.dtype(ssm.dtype) if jnp.dtype(ssm.dtype) in CHECKPOINT_DTYPES else f32
   expected = {  # name: (expected shape, expected dtype, array)
-      "ssm": ((slots, HV, V, K), f32, ssm), "k": ((B, T, H, K), act, k),
+      "ssm": ((slots, HV, V, K), ssm_dtype, ssm), "k": ((B, T, H, K), act, k),
       "v": ((B, T, HV, V), act, v), "a": ((B, T, HV), act, a), "b": ((B, T, HV), act, b),
       "A_log": ((HV,), f32, A_log), "dt_bias": ((HV,), f32, dt_bias),
       "slot_ids": ((B,), i32, slot_ids), "write_pos": ((B,), i32, write_pos),
@@ -502,7 +508,7 @@ def replay_verify_reference(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, r
   k_hist = jnp.repeat(_ring_history(ring_k, slot_ids, cache_base), r, axis=2)
   g_hist = _ring_history(ring_g, slot_ids, cache_base)
   apply = jax.vmap(reference.replay_apply, in_axes=(None, None, None, None, 1, None), out_axes=1)
-  S0 = ssm[jnp.maximum(slot_ids, 0)]
+  S0 = ssm[jnp.maximum(slot_ids, 0)].astype(jnp.float32)
   W_q = apply(S0, d_hist, k_hist, g_hist, q_hat, valid)  # [B, T, HV, V]
   W_k = apply(S0, d_hist, k_hist, g_hist, k_hat, valid)
   # Order the ring writes after every history read (the fold's too: S0 depends on it), so
