@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="k_copy k_step" bash benchmarks/plan_h200.sh   # first call (an H200)
+#   ITEMS="k_copy k_step" bash benchmarks/plan_h200.sh   # first call (an H200), then k_copy_triton
 #   then "t_together h_read a_pallas", "h_ab s_triton", "a_triton s_pallas", "v c h"
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
@@ -14,7 +14,9 @@
 # for the triton items.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
-DEADLINE_S=${DEADLINE_S:-560}; ITEMS=${ITEMS:-"k_copy k_step t_together h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+DEADLINE_S=${DEADLINE_S:-560}
+ITEMS=${ITEMS:-"k_copy k_step k_copy_triton t_together h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+KNOWN="k_copy k_step k_copy_triton t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
 RUN=${RUN:-run46}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
@@ -39,7 +41,7 @@ estimate() {
   case $1 in
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;;
-    h_ab) echo 100;; h_read) echo 140;; k_copy) echo 240;; k_step) echo 150;;
+    h_ab) echo 100;; h_read) echo 140;; k_copy|k_copy_triton) echo 240;; k_step) echo 150;;
     *) echo 0;;
   esac
 }
@@ -86,6 +88,12 @@ command_of() {
     # Predicted: 7.5-8.3 ms, peak ~25.9 GiB (scratch / peak 2.3x).
     k_step) echo "$PY -m replayssm_jax.bench.step --batch 256 512 --checkpoint-copy bfloat16" \
       "--reps 10 --out \$OUT/step_${RUN}_copy.json";;
+    # k_copy_triton: the same in the triton backend (its stream's K-loop a bf16 dot on the copy;
+    # run 35: verify 190 us at B=256, decode 198 us a step). Predicted alike: verify ~130,
+    # decode cycle 135-155 us a step.
+    k_copy_triton) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16\"" \
+      "TAG=${RUN}_copy_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths recurrent kernels steps decode --batch 64" \
+      "256 --decode-rings 16 --reps 10 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write; runs 40-41, H100: 79.8-80.6% and 72.9-73.3%;
     # the triton backend, run 41: 76.7-77.0% and 69.5-69.6%).
@@ -150,7 +158,7 @@ command_of() {
 
 log() { echo "[plan $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/plan.log"; }
 for item in $ITEMS; do
-  cmd=$(command_of "$item") || { log "unknown item $item (known: k_copy k_step t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v)"; exit 2; }
+  cmd=$(command_of "$item") || { log "unknown item $item (known: $KNOWN)"; exit 2; }
   if [ "${DRY:-0}" = 1 ]; then echo "$item: $cmd"; continue; fi
   left=$(( DEADLINE_S - ($(date +%s) - START) ))
   if [ "$(estimate "$item")" -gt "$left" ]; then log "left $item: ~$(estimate "$item") s, ${left} s left"; continue; fi

@@ -362,13 +362,14 @@ def test_report_ab_cli(tmp_path, capsys):
   for arm, us in (("cond", 393.1), ("launch", 390.1)):
     result = dict(device="NVIDIA H200", copy_tbps=4.27, l2_flush="read",
                   set={"replayssm_jax.ssm.SKIP_IDLE_FOLD": "{}"} if arm == "cond" else {},
+                  checkpoint_copy="bfloat16" if arm == "cond" else None,
                   rows=[dict(kernel="rssm_step_mixed", B=256, L=16, wp=-1, median_us=us)])
     (tmp_path / f"ab_t_{arm}_1.json").write_text(json.dumps(result))
   assert report.main(["--ab", str(tmp_path / "ab_t_cond_1.json"),
                       str(tmp_path / "ab_t_launch_1.json")]) == 0
   out = capsys.readouterr().out
   assert ("- cond_1: NVIDIA H200, copy 4.27 TB/s, L2 flushed by a read pass; "
-          "ssm.SKIP_IDLE_FOLD={}") in out
+          "ssm.SKIP_IDLE_FOLD={}, checkpoint_copy=bfloat16") in out
   assert "- launch_1: NVIDIA H200, copy 4.27 TB/s, L2 flushed by a read pass; defaults" in out
   assert "| 256 | rssm_step_mixed | 393.1 / - | 390.1 / - | launch_1 |" in out
   with pytest.raises(SystemExit):

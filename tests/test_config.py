@@ -135,11 +135,11 @@ def test_checkpoint_copy_only_bf16():
           checkpoint_copy=jnp.float16)
 
 
-def test_checkpoint_copy_not_on_triton_yet(monkeypatch):
+def test_checkpoint_copy_on_every_backend(monkeypatch):
   monkeypatch.setattr(config, "jax_triton_available", lambda: True)
   monkeypatch.setattr(config, "gpu_available", lambda: True)
-  _raises(["triton backend", "backend='pallas'"], SpecConfig, backend="triton",
-          checkpoint_copy=jnp.bfloat16)
+  for backend in ("xla", "pallas", "triton"):
+    assert SpecConfig(backend=backend, checkpoint_copy=jnp.bfloat16).checkpoint_copy
 
 
 # --- backend='triton' -------------------------------------------------------------------------

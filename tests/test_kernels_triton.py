@@ -37,7 +37,7 @@ import triton.language as tl  # noqa: E402
 import test_kernels_recurrent as rec_tests  # noqa: E402
 import test_kernels_replay_verify as replay_tests  # noqa: E402
 import test_ssm_replay  # noqa: E402
-from conftest import rel_err  # noqa: E402
+from conftest import TOLERANCE, rel_err  # noqa: E402
 from replayssm_jax.kernels import fold as pallas_fold  # noqa: E402
 from replayssm_jax.kernels import triton as triton_kernels  # noqa: E402
 from replayssm_jax.kernels.backend import KernelTuning  # noqa: E402
@@ -137,6 +137,33 @@ def test_fold_bitwise_equals_recurrent_verify(case, dtype, mode):
   np.testing.assert_array_equal(np.asarray(folded)[untouched], np.asarray(x["ssm"])[untouched])
 
 
+@pytest.mark.parametrize("case", rec_tests.CASES[:3], ids=rec_tests.case_id)
+def test_fold_writes_the_checkpoint_copy(case, mode):
+  """With a checkpoint copy the fold writes the folded rows' tiles rounded to bf16 (bitwise
+  the fp32 result rounded) and nothing else (NaN-poisoned elsewhere); the fp32 fold is the
+  plain fold's, bitwise."""
+  B, T, H, HV, K, V, bv = case
+  rng = np.random.default_rng(12)
+  x = rec_tests.make_inputs(rng, B, T, H, HV, K, V, jnp.bfloat16)
+  slots = rec_tests.slot_ids_for(rng, B)
+  base = jnp.asarray(rng.integers(0, 16, B).astype(np.int32))
+  rings = records_of_window(x, slots, 16, base)
+  count = np.asarray(rng.integers(0, T + 1, B), np.int32)
+  count[0] = max(count[0], 1)
+  count = jnp.asarray(count)
+  tuning = state_tuning(bv)
+  poison = jnp.full(x["ssm"].shape, jnp.nan, jnp.bfloat16)
+  plain = triton_kernels.fold(x["ssm"], *rings, slots, count, base, tuning=tuning)
+  folded, copy = triton_kernels.fold(x["ssm"], *rings, slots, count, base, tuning=tuning,
+                                     ssm_copy=poison)
+  np.testing.assert_array_equal(np.asarray(folded), np.asarray(plain))
+  wrote = np.zeros(SLOTS, bool)
+  wrote[np.asarray(slots)[(np.asarray(slots) >= 0) & (np.asarray(count) > 0)]] = True
+  np.testing.assert_array_equal(np.asarray(copy)[wrote],
+                                np.asarray(folded.astype(jnp.bfloat16))[wrote])
+  assert wrote.any() and np.isnan(np.asarray(copy, np.float32)[~wrote]).all()
+
+
 @triton.jit
 def _fma_chunks_probe(S_ptr, x_ptr, out_ptr, BV: tl.constexpr, K: tl.constexpr,
                       KC: tl.constexpr):
@@ -188,6 +215,24 @@ def test_replay_verify(c: replay_tests.Case, form, mode):
   if form == "vec" and c.T != 1:
     pytest.skip("the triton vector form is the T=1 (decode) specialisation")
   check_replay_verify(c, form)
+
+
+@pytest.mark.parametrize("form", ["ut", "vec", "split"])
+@pytest.mark.parametrize("c", replay_tests.CASES[:3], ids=[c.id for c in replay_tests.CASES[:3]])
+def test_replay_verify_reads_the_checkpoint_copy(c: replay_tests.Case, form, mode):
+  """On the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`) every form gives the
+  reference's outputs on that copy, within the bf16 floor (the split form's K-loop is a bf16
+  dot of the window)."""
+  if form == "vec" and c.T != 1:
+    pytest.skip("the triton vector form is the T=1 (decode) specialisation")
+  inp = replay_tests.make_inputs(c)
+  inp["ssm"] = inp["ssm"].astype(jnp.bfloat16)
+  o, *_ = triton_kernels.replay_verify(**inp, tuning=replay_tuning_for(c, form),
+                                       dot_precision="default", form=form)
+  ref_o, *_ = replay_tests.reference_jit(**inp)
+  valid = np.asarray(inp["slot_ids"]) >= 0
+  tol = TOLERANCE[(jnp.dtype(c.act).name, "bf16")]
+  assert rel_err(replay_tests.f32(o[valid]), replay_tests.f32(ref_o[valid])) <= tol
 
 
 # The split coefficients kernel's other settings: its knobs off, i.e. the window's own products
@@ -337,10 +382,29 @@ def test_ssm_schedules_compiled(T, L, interleave):
   run()
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("T,L", [(2, 4), (4, 16)])
-def test_ssm_schedule_interpreted(T, L, monkeypatch):
+def test_ssm_copy_schedules_compiled(T, L):
+  """The same with the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`): the fold writes
+  it (bitwise the checkpoint rounded, at every step), the verify and decode read it."""
+  from hypothesis import given, settings
+
+  @settings(max_examples=2, phases=test_ssm_replay.NO_SHRINK)
+  @given(test_ssm_replay._schedules(T))
+  def run(schedule):
+    test_ssm_replay._run_schedule(T, L, "triton", schedule, interleave=True,
+                                  checkpoint_copy=jnp.bfloat16)
+
+  run()
+
+
+@pytest.mark.parametrize("T,L,copy", [(2, 4, None), (4, 16, None), (2, 4, jnp.bfloat16)],
+                         ids=["T2-L4", "T4-L16", "T2-L4-copy"])
+def test_ssm_schedule_interpreted(T, L, copy, monkeypatch):
   """One 40-step schedule (verify, decode, commit, reset, padding) through the ssm API on the
-  triton backend in Triton's interpreter: the dispatch, and the bitwise folds end to end."""
+  triton backend in Triton's interpreter: the dispatch, and the bitwise folds end to end;
+  with the checkpoint's bf16 copy too (`SpecConfig.checkpoint_copy`: bitwise the checkpoint
+  rounded at every step)."""
   if not INTERPRET:
     pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (test_interpreter_run)")
   from replayssm_jax import config
@@ -352,7 +416,8 @@ def test_ssm_schedule_interpreted(T, L, monkeypatch):
   steps = [([int(s) for s in rng.integers(-1, test_ssm_replay.SLOTS, 4)],
             [int(r) for r in rng.integers(0, T + 1, 4)], int(rng.integers(0, 16)),
             bool(rng.random() < 0.3)) for _ in range(40)]
-  test_ssm_replay._run_schedule(T, L, "triton", (T * L, steps), interleave=True)
+  test_ssm_replay._run_schedule(T, L, "triton", (T * L, steps), interleave=True,
+                                checkpoint_copy=copy)
 
 
 @pytest.mark.gpu
@@ -434,7 +499,8 @@ def test_state_kernels_hold_one_tile_layout(tuning, act):
   launches = compile_check.launches(**compile_check.ANCHOR, act=jnp.dtype(act), state=tuning)
   shape = tile_shape(tuning.block_v, min(tuning.k_chunk, 128))
   layouts = {name: state_layouts(compile_sm90(launches[name]).asm["ttgir"], shape)
-             for name in ("recurrent_verify_T4", "recurrent_decode", "exact_fold_L16")}
+             for name in ("recurrent_verify_T4", "recurrent_decode", "exact_fold_L16",
+                          "exact_fold_L16_copy")}
   assert all(len(v) == 1 for v in layouts.values()), layouts
   assert len(set.union(*layouts.values())) == 1, layouts
 

@@ -15,6 +15,7 @@ GPU; the schedule, and so the speed, needs the GPU.
 
     PYTHONPATH=$PWD python tools/pallas_sass.py fold [--kw "{'prefetch_at': 'start'}"]
     PYTHONPATH=$PWD python tools/pallas_sass.py replay_verify --T 4 --batch 256 --sass /tmp/sass
+    PYTHONPATH=$PWD python tools/pallas_sass.py fold --checkpoint-copy   # writes the bf16 copy
     PYTHONPATH=$PWD python tools/pallas_sass.py --backend triton exact_fold_L16
     PYTHONPATH=$PWD python tools/pallas_sass.py --backend triton replay_split_coefficients_T4 \
         --set kernels.triton.replay_split.HEADS_LOOP=False

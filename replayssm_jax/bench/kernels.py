@@ -457,7 +457,7 @@ def main(argv=None) -> int:
                       "flush rows (SpecConfig.fold_together; default: only flush rows fold)")
   p.add_argument("--checkpoint-copy", choices=("bfloat16",), default=None,
                  help="ReplaySSM keeps a bf16 copy of each checkpoint, which verify and decode "
-                      "read (SpecConfig.checkpoint_copy; default: none; --backend pallas)")
+                      "read (SpecConfig.checkpoint_copy; default: none)")
   p.add_argument("--fold-first", action=argparse.BooleanOptionalAction,
                  default=replay_split.STREAM_FOLD_FIRST,
                  help="launch the folding rows' stream programs first "
@@ -512,8 +512,6 @@ def main(argv=None) -> int:
                      else dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if args.stream_fold else 0))
   if args.triton_split_min_batch is not None and args.backend != "triton":
     p.error("--triton-split-min-batch applies to --backend triton only.")
-  if args.checkpoint_copy is not None and args.backend != "pallas":
-    p.error("--checkpoint-copy: the triton backend keeps no checkpoint copy yet.")
   if args.fold_together is not None and not 0 < args.fold_together <= 1:
     p.error(f"--fold-together {args.fold_together} must be a share of the ring in (0, 1].")
   start = time.monotonic()

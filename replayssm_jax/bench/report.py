@@ -197,8 +197,10 @@ def main(argv=None) -> int:
       with open(name) as f:
         arms[label] = json.load(f)
     for label, result in arms.items():
-      knobs = ", ".join(f"{k.removeprefix('replayssm_jax.')}={v}"
-                        for k, v in result.get("set", {}).items()) or "defaults"
+      knobs = ", ".join([f"{k.removeprefix('replayssm_jax.')}={v}"
+                         for k, v in result.get("set", {}).items()]
+                        + [f"{k}={result[k]}" for k in ("checkpoint_copy", "fold_together")
+                           if result.get(k) is not None]) or "defaults"
       print(f"- {label}: {result['device']}, copy {result['copy_tbps']:.2f} TB/s, L2 flushed "
             f"by a {result.get('l2_flush', 'write')} pass; {knobs}")
     print("\nmedian (the call's kernels summed) / span (first kernel's start to last one's "

@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 
+import jax
 import jax.numpy as jnp
 
 from replayssm_jax.kernels.backend import KernelTuning, layer_shapes
@@ -39,13 +40,21 @@ def launches(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int = 8,
   replay = lambda x: [x[n] for n in ("ssm", "ring_d", "ring_k", "ring_g", "ring_beta",
                                      "ring_rawk", "ring_rawv", "q", "k", "v", "a", "b", "A_log",
                                      "dt_bias", "slot_ids", "write_pos", "cache_base")]
+  fold = [win[n] for n in ("ssm", "ring_rawk", "ring_rawv", "ring_g", "ring_beta", "slot_ids",
+                           "count", "cache_base")]
+  # The checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`): the fold writes it, the split
+  # form's stream reads it.
+  ssm_copy = jax.ShapeDtypeStruct(win["ssm"].shape, jnp.bfloat16)
+  copy = lambda x: [ssm_copy, *replay(x)[1:]]
   return {
       f"recurrent_verify_T{T}": recurrent_launch(*window(win), win["ssm"], win["intermediate"],
                                                  tuning=state),
       "recurrent_decode": recurrent_launch(*window(one), one["ssm"], None, tuning=state),
-      f"exact_fold_L{L}": fold_launch(*(win[n] for n in ("ssm", "ring_rawk", "ring_rawv", "ring_g",
-                                                         "ring_beta", "slot_ids", "count",
-                                                         "cache_base")), tuning=state),
+      f"exact_fold_L{L}": fold_launch(*fold, tuning=state),
+      f"exact_fold_L{L}_copy": fold_launch(*fold, tuning=state, ssm_copy=ssm_copy),
+      **{f"replay_split_stream_T{t}_copy": split_launches(
+          *copy(x), tuning=replay_tuning(V, T, B=256), dot_precision=dot_precision)[1]
+         for t, x in ((T, win), (1, one)) if dot_precision in ("default", "bf16")},
       f"replay_verify_ut_T{T}": replay_verify_launch(
           *replay(win), tuning=replay_tuning(V, T), dot_precision=dot_precision, form="ut"),
       "replay_verify_ut_T1": replay_verify_launch(

@@ -70,21 +70,12 @@ def _record(rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record, j, p, K:
 
 
 @triton.jit
-def _fold_kernel(
-    # inputs
-    slot_ids_ptr,  # [B] int32
-    count_ptr,  # [B] int32: records to fold (0: leave the row alone)
-    cache_base_ptr,  # [B] int32
-    ring_rawk_ptr,  # [slots, H, L, K] activation
-    ring_rawv_ptr,  # [slots, HV, L, V] activation
-    ring_g_ptr,  # [slots, HV, L] f32
-    ring_beta_ptr,  # [slots, HV, L] f32
-    ssm_in_ptr,  # [slots, HV, V, K] f32, the buffer of ssm_ptr
-    # outputs
-    ssm_ptr,  # [slots, HV, V, K] f32, updated in place
-    L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, KC: tl.constexpr,
-):
+def _fold_program(slot_ids_ptr, count_ptr, cache_base_ptr, ring_rawk_ptr, ring_rawv_ptr,
+                  ring_g_ptr, ring_beta_ptr, ssm_ptr, copy_ptr, COPY: tl.constexpr,
+                  L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                  V: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr):
+  """One program's fold of its ``[BV, K]`` tile; with ``COPY``, the folded tile rounded into
+  ``copy_ptr`` too (`SpecConfig.checkpoint_copy`)."""
   j, h, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
   slot = tl.load(slot_ids_ptr + row).to(tl.int64)
   count, base = tl.load(count_ptr + row), tl.load(cache_base_ptr + row)
@@ -108,40 +99,91 @@ def _fold_kernel(
       inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record, j,
                                      (base + i + 1) & (L - 1), K, V, BV)
     tile.store_tile(state, rows, cols, S)
+    if COPY:
+      # Rounded from the stored tile read back (from L2), as a [BV, K] block of offsets of its
+      # own, not from the loop's tile: the Pallas fold's bf16 store of the loop's tile had
+      # Triton lay the loop out anew, which the bitwise tie cannot take.
+      tl.debug_barrier()  # the program's threads read what its other threads stored
+      block = tl.arange(0, BV)[:, None] * K + tl.arange(0, K)[None, :]
+      rounded = tl.load(state + block).to(copy_ptr.dtype.element_ty)
+      tl.store(copy_ptr + ((slot * HV + h) * V + j * BV) * K + block, rounded)
+
+
+@triton.jit
+def _fold_kernel(
+    # inputs
+    slot_ids_ptr,  # [B] int32
+    count_ptr,  # [B] int32: records to fold (0: leave the row alone)
+    cache_base_ptr,  # [B] int32
+    ring_rawk_ptr,  # [slots, H, L, K] activation
+    ring_rawv_ptr,  # [slots, HV, L, V] activation
+    ring_g_ptr,  # [slots, HV, L] f32
+    ring_beta_ptr,  # [slots, HV, L] f32
+    ssm_in_ptr,  # [slots, HV, V, K] f32, the buffer of ssm_ptr
+    # outputs
+    ssm_ptr,  # [slots, HV, V, K] f32, updated in place
+    L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BV: tl.constexpr, KC: tl.constexpr,
+):
+  _fold_program(slot_ids_ptr, count_ptr, cache_base_ptr, ring_rawk_ptr, ring_rawv_ptr,
+                ring_g_ptr, ring_beta_ptr, ssm_ptr, ssm_ptr, False, L, H, HV, K, V, BV, KC)
+
+
+@triton.jit
+def _fold_copy_kernel(
+    # inputs: as _fold_kernel's, then
+    slot_ids_ptr, count_ptr, cache_base_ptr, ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr,
+    ring_beta_ptr, ssm_in_ptr,
+    ssm_copy_in_ptr,  # [slots, HV, V, K] bf16, the buffer of ssm_copy_ptr
+    # outputs
+    ssm_ptr,  # [slots, HV, V, K] f32, updated in place
+    ssm_copy_ptr,  # [slots, HV, V, K] bf16, updated in place
+    L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BV: tl.constexpr, KC: tl.constexpr,
+):
+  _fold_program(slot_ids_ptr, count_ptr, cache_base_ptr, ring_rawk_ptr, ring_rawv_ptr,
+                ring_g_ptr, ring_beta_ptr, ssm_ptr, ssm_copy_ptr, True, L, H, HV, K, V, BV, KC)
 
 
 def fold_launch(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
-                tuning: KernelTuning) -> Launch:
-  """The fold's launch, from arrays or shapes."""
+                tuning: KernelTuning, ssm_copy=None) -> Launch:
+  """The fold's launch, from arrays or shapes; with ``ssm_copy``, the kernel that writes it."""
   (_, HV, V, K), (_, H, L, _) = ssm.shape, ring_rawk.shape
   kc = min(tuning.k_chunk, K)
+  inputs = dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
+                ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm)
+  outputs = dict(ssm="ssm")
+  if ssm_copy is not None:
+    inputs["ssm_copy"] = ssm_copy
+    outputs["ssm_copy"] = "ssm_copy"
   return Launch(
-      kernel=_fold_kernel,
-      name=f"triton_exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}",
+      kernel=_fold_kernel if ssm_copy is None else _fold_copy_kernel,
+      name=(f"triton_exact_fold_L{L}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
+            f"{'' if ssm_copy is None else '_copy'}"),
       grid=(V // tuning.block_v, HV, slot_ids.shape[0]),
-      inputs=dict(slot_ids=slot_ids, count=count, cache_base=cache_base, ring_rawk=ring_rawk,
-                  ring_rawv=ring_rawv, ring_g=ring_g, ring_beta=ring_beta, ssm=ssm),
-      outputs=dict(ssm="ssm"),
+      inputs=inputs,
+      outputs=outputs,
       constexprs=dict(L=L, H=H, HV=HV, K=K, V=V, BV=tuning.block_v, KC=kc),
       num_warps=tuning.num_warps, num_stages=tuning.num_stages, fp_fusion=tile.FP_FUSION)
 
 
 @functools.partial(jax.jit, static_argnames=("tuning",))
-def _fold_call(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
-               tuning: KernelTuning):
-  return run(fold_launch(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
-                         cache_base, tuning=tuning))[0]
+def _fold_call(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base,
+               ssm_copy=None, *, tuning: KernelTuning):
+  out = run(fold_launch(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
+                        cache_base, tuning=tuning, ssm_copy=ssm_copy))
+  return out[0] if ssm_copy is None else tuple(out)
 
 
 def fold(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
-         tuning: KernelTuning):
+         tuning: KernelTuning, ssm_copy=None):
   """Fold ``count[b]`` raw records of each row into ``ssm[slot_ids[b]]`` in place.
 
-  Args and returns as `replayssm_jax.kernels.fold.fold`; ``tuning`` must be the triton
-  recurrent kernels' for the bitwise tie.
+  Args and returns as `replayssm_jax.kernels.fold.fold` (``ssm_copy`` too); ``tuning`` must be
+  the triton recurrent kernels' for the bitwise tie.
   """
   pallas_fold._check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
-                            cache_base)
+                            cache_base, ssm_copy)
   check_tuning(tuning, ssm.shape[2], ssm.shape[3])
   return _fold_call(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base,
-                    tuning=tuning)
+                    ssm_copy, tuning=tuning)

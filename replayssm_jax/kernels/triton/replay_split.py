@@ -340,7 +340,7 @@ def _stream_kernel(
     slot_ids_ptr, write_pos_ptr, cache_base_ptr,  # [B] int32
     q_ptr, k_ptr,  # [B, T, H, K] activation: the raw window, X
     v_ptr,  # [B, T, HV, V] activation
-    ssm_ptr,  # [slots, HV, V, K] f32, read only
+    ssm_ptr,  # [slots, HV, V, K] f32, or its bf16 copy (`SpecConfig.checkpoint_copy`); read only
     zh_ptr, zt_ptr, eq_ptr,  # the coefficients kernel's scratch
     ring_d_in_ptr,  # [slots, HV, L, V] ring dtype (the buffer of ring_d_ptr)
     ring_rawv_in_ptr,  # the buffer of ring_rawv_ptr; not read
@@ -351,6 +351,7 @@ def _stream_kernel(
     T: tl.constexpr, TP: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     KC: tl.constexpr, PRECISION: tl.constexpr, EPILOGUE_PRECISION: tl.constexpr,
+    CHECKPOINT_PRECISION: tl.constexpr,  # ``Y = X S0^T``'s: PRECISION, "bf16" on the copy
 ):
   """``X = [q; k]`` stacked in ``XP`` rows (q's tokens from row 0, k's from row XP / 2) makes
   one dot a K-chunk, ``Y = X S0^T``; the epilogue reads ``Y_q`` and ``Y_k`` through the
@@ -391,7 +392,7 @@ def _stream_kernel(
     # the stream at B=256 184 -> 158 us).
     for c in range(0, K, KC):  # Y = X S0^T, chunk by chunk of K
       x = tl.load(x_ptrs + c, mask=x_in[:, None], other=0.0).to(tl.float32)
-      Y += mma(x, tl.trans(tl.load(checkpoint + c)), PRECISION)
+      Y += mma(x, tl.trans(tl.load(checkpoint + c)), CHECKPOINT_PRECISION)
 
     v = v_raw.to(tl.float32)
     D = (mma(P, v, EPILOGUE_PRECISION) + mma(Dy, Y, EPILOGUE_PRECISION)
@@ -471,7 +472,7 @@ def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_p
   return Launch(
       kernel=_stream_kernel,
       name=(f"triton_replay_stream_T{T}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
-            f"_s{tuning.num_stages}_{dot_precision}"),
+            f"_s{tuning.num_stages}_{dot_precision}{'_copy' if ssm.dtype == jnp.bfloat16 else ''}"),
       grid=(V // tuning.block_v, dims["HV"], B),
       inputs=dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, v=v,
                   ssm=ssm, zh=zh, zt=zt, eq=eq, ring_d=ring_d, ring_rawv=ring_rawv),
@@ -481,7 +482,10 @@ def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_p
                       XP=max(MIN_DOT, 2 * next_power_of_two(T)), V=V, BV=tuning.block_v, KC=kc,
                       PRECISION=INPUT_PRECISION[dot_precision],
                       EPILOGUE_PRECISION=("ieee" if dot_precision == "ieee"
-                                          else EPILOGUE_PRECISION)),
+                                          else EPILOGUE_PRECISION),
+                      # The checkpoint's bf16 copy: a bf16 dot (the raw window is bf16 too).
+                      CHECKPOINT_PRECISION=("bf16" if ssm.dtype == jnp.bfloat16
+                                            else INPUT_PRECISION[dot_precision])),
       num_warps=tuning.num_warps, num_stages=tuning.num_stages)
 
 

@@ -104,7 +104,7 @@ def _replay_verify_ut_kernel(
     b_ptr,  # [B, T, HV] activation
     A_log_ptr,  # [HV] f32
     dt_bias_ptr,  # [HV] f32
-    ssm_ptr,  # [slots, HV, V, K] f32, read only
+    ssm_ptr,  # [slots, HV, V, K] f32, or its bf16 copy; read only
     ring_d_in_ptr,  # [slots, HV, L, V] ring dtype (the buffer of ring_d_ptr)
     ring_k_in_ptr,  # [slots, H, L, K] ring dtype (the buffer of ring_k_ptr)
     ring_g_in_ptr,  # [slots, HV, L] f32 (the buffer of ring_g_ptr)
@@ -169,7 +169,8 @@ def _replay_verify_ut_kernel(
       k_raw, q_hat, k_hat = window_chunk(q_row, k_row, window_keys + c, in_window, q_scale, k_inv)
       k_hist = tl.load(ring_k_in_ptr + key_head * K + history_keys + c)
       k_hist_t = tl.trans(tl.where(valid[:, None], k_hist.to(tl.float32), 0.0))  # [KC, LP]
-      S0_t = tl.trans(tl.load(ssm_ptr + (slot * HV + h) * V * K + checkpoint + c))  # [KC, BV]
+      S0_t = tl.trans(tl.load(ssm_ptr + (slot * HV + h) * V * K + checkpoint + c).to(
+          tl.float32))  # [KC, BV]: from the fp32 checkpoint or its bf16 copy
       S_t = decay_all * S0_t + mma(k_hist_t, weighted_d, PRECISION)
       W_q += mma(q_hat, S_t, PRECISION)
       W_k += mma(k_hat, S_t, PRECISION)
@@ -257,7 +258,7 @@ def _replay_verify_vec_kernel(
       k_raw = tl.load(k_row + c + k_cols)
       q_hat = tl.load(q_row + c + k_cols).to(tl.float32) * q_inv * (K ** -0.5)
       k_hat = k_raw.to(tl.float32) * k_inv
-      S0 = tl.load(checkpoint + c)  # [BV, KC]
+      S0 = tl.load(checkpoint + c).to(tl.float32)  # [BV, KC], from the checkpoint or its copy
       S0_q += S0 * q_hat[None, :]
       S0_k += S0 * k_hat[None, :]
       k_hist = tl.load(history_keys + c, mask=valid[:, None], other=0.0).to(tl.float32)
