@@ -78,7 +78,7 @@ command_of() {
     # decode stream half the checkpoint bytes, the fold writes the copy too (and runs in its
     # own kernel). Predicted on the H200 (NOTES "Session 45"): B=256 replay verify ~175 ->
     # 115-125 us (its byte model halves the checkpoint: ~67% of copy), B=256 decode cycle
-    # ~205 -> 130-150 us a step (1.9-2.2x the recurrent decode of the same call), mixed step
+    # ~205 -> 140-155 us a step (1.85-2.05x the recurrent decode of the same call), mixed step
     # B=256 ~325 -> 250-280; B=64 verify ~48 -> 30-34 us. If it holds, #9's decode target is
     # met with the copy on, at half a checkpoint more memory.
     k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16\" TAG=${RUN}_copy ROUNDS=1" \
@@ -90,10 +90,10 @@ command_of() {
       "--reps 10 --out \$OUT/step_${RUN}_copy.json";;
     # k_copy_triton: the same in the triton backend (its stream's K-loop a bf16 dot on the copy;
     # run 35: verify 190 us at B=256, decode 198 us a step). Predicted alike: verify ~130,
-    # decode cycle 135-155 us a step.
+    # decode cycle 140-160 us a step.
     k_copy_triton) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16\"" \
-      "TAG=${RUN}_copy_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths recurrent kernels steps decode --batch 64" \
-      "256 --decode-rings 16 --reps 10 $extra\" $AB";;
+      "TAG=${RUN}_copy_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths recurrent kernels" \
+      "steps decode --batch 64 256 --decode-rings 16 --reps 10 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write; runs 40-41, H100: 79.8-80.6% and 72.9-73.3%;
     # the triton backend, run 41: 76.7-77.0% and 69.5-69.6%).
