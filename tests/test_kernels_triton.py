@@ -506,6 +506,26 @@ def test_state_kernels_hold_one_tile_layout(tuning, act):
 
 
 @compiles
+@pytest.mark.parametrize("K, V", [(128, 128), (16, 64), (16, 16)], ids=["K128", "K16-V64", "K16-V16"])
+def test_fold_writing_a_copy_keeps_its_loop(K, V):
+  """The fold kernel that writes the checkpoint's bf16 copy has the plain fold's record loop:
+  the same fp32 arithmetic and shuffles (the Pallas fold lost it at K=16, V=64 once: NOTES
+  run 46)."""
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools"))
+  import pallas_sass
+
+  kept = ("FFMA", "FMUL", "FADD", "SHFL.BFLY")
+  launches = compile_check.launches(**dict(compile_check.ANCHOR, K=K, V=V),
+                                    state=triton_kernels.state_tuning(V))
+
+  def loop_mix(name):
+    loop = max(pallas_sass._launch_report(launches[name])["loops"], key=lambda l: l["size"])
+    return {op: n for op, n in loop["mix"] if op in kept}
+
+  assert loop_mix("exact_fold_L16_copy") == loop_mix("exact_fold_L16")
+
+
+@compiles
 def test_state_tile_keeps_its_chunks_in_registers():
   """The state tile's chunk axis (`tile.CHUNK_AXIS`) has no lanes and no warps, so
   `tile.matvec` adds the chunks in-thread. Triton breaks the tie between the tile's two strided

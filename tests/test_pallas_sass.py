@@ -81,3 +81,39 @@ def test_shipped_sass_is_saved_and_compared(tmp_path, monkeypatch):
   assert pallas_sass.main(["shipped", "--only", *only, "--compare", str(tmp_path)]) == 1
   del found[next(k for k in found if k.startswith("recurrent_decode"))]
   assert "recurrent_decode" in " ".join(pallas_sass.compare_sass(found, tmp_path))
+
+
+FOLD_GEOMETRIES = [(128, 128), (16, 64), (16, 16)]  # (K, V): the anchor's, the ssm tests'
+
+
+@pytest.mark.parametrize("K, V", FOLD_GEOMETRIES, ids=[f"K{k}-V{v}" for k, v in FOLD_GEOMETRIES])
+def test_the_fold_writing_a_copy_keeps_its_loop(K, V, tmp_path):
+  """Writing the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`) leaves the fold's record
+  loop as it was: the same fp32 arithmetic and shuffles (the reduction order of the bitwise
+  tie with the recurrent kernels). Rounding a block of the loop's chunk shape did not at K=16,
+  V=64 (8 -> 5 shuffles), and an H100 found the folded state 1 ulp off (NOTES run 46)."""
+  pytest.importorskip("triton")
+  import jax
+  import jax.numpy as jnp
+
+  from replayssm_jax import SpecConfig, ssm
+  from replayssm_jax.kernels import fold
+  from replayssm_jax.kernels.backend import layer_shapes
+
+  x = layer_shapes(H=1, HV=2, K=K, V=V, T=4, L=16, slots=16, B=16, act=jnp.bfloat16,
+                   ring=jnp.bfloat16)
+  args = [x[n] for n in ("ssm", "ring_rawk", "ring_rawv", "ring_g", "ring_beta", "slot_ids",
+                         "count", "cache_base")]
+  tuning = ssm.default_state_tuning(SpecConfig(backend="pallas"), V)
+  plain = lambda *a: fold.fold(*a, tuning=tuning, interpret=False)
+  copy = lambda *a: fold.fold(*a[:-1], tuning=tuning, interpret=False, ssm_copy=a[-1])
+  kept = ("FFMA", "FMUL", "FADD", "SHFL.BFLY", "MUFU.RSQ", "MUFU.EX2")
+
+  def loop_mix(fn, fn_args):
+    [module] = pallas_sass.triton_modules(fn, fn_args)
+    report = pallas_sass.compile_sm90(module, tmp_path)
+    loop = max(report["loops"], key=lambda l: l["size"])
+    return {op: n for op, n in loop["mix"] if op in kept}
+
+  with_copy = loop_mix(copy, [*args, jax.ShapeDtypeStruct(x["ssm"].shape, jnp.bfloat16)])
+  assert with_copy == loop_mix(plain, args) and with_copy["SHFL.BFLY"] > 0

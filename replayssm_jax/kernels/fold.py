@@ -184,14 +184,17 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
   for r, S_t in zip(tiles, S):
     tile.store(ssm_ref, (slot, h, r), S_t)
   if copy_ref is not None:
-    # Rounded from the stored tile, read back (from L2: just written), not from the loop's:
-    # a bf16 store of the loop's tile made Triton lay the loop out anew (sm_90: 364 -> 381
-    # instructions, half the shuffles), which the bitwise tie with the recurrent kernels'
-    # layout cannot take.
+    # Rounded from the stored tile read back (from L2: just written), half its rows at a time:
+    # a bf16 store of the loop's tile, or of a block of the loop's chunk shape, made Triton
+    # lay the loop out anew (sm_90: K=128 364 -> 381 loop instructions; K=16, V=64: 8 -> 5
+    # shuffles, and on an H100 the folded state 1 ulp off the recurrent one), which the
+    # bitwise tie with the recurrent kernels' layout cannot take.
     if compiled:  # the program's threads read what its other threads stored
       pltriton.debug_barrier()
     for r in tiles:
-      copy_ref[slot, h, r, :] = ssm_ref[slot, h, r, :].astype(copy_ref.dtype)
+      half = r.size // 2
+      for rows in (pl.ds(r.start, half), pl.ds(r.start + half, half)):
+        copy_ref[slot, h, rows, :] = ssm_ref[slot, h, rows, :].astype(copy_ref.dtype)
 
 
 def fold_tiles(ssm_ref, *rings, loop: FoldLoop, first_row, tiles: int, **kw) -> None:
