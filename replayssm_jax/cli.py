@@ -122,6 +122,7 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
 
 def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
   """Generate a continuation of every prompt; print the texts (or JSON) and the metrics."""
+  from replayssm_jax.demo import default_backend
   from replayssm_jax.engine import Engine, load_model
 
   try:
@@ -135,6 +136,8 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     parser.error(f"--drafter {drafter_name} needs --spec-mode recurrent or replayssm")
   if args.spec_mode != "off" and drafter_name == "none":
     parser.error(f"--spec-mode {args.spec_mode} needs a drafter (ngram or model:PATH)")
+  if args.checkpoint_copy is not None and args.spec_mode != "replayssm":
+    parser.error(f"--checkpoint-copy needs --spec-mode replayssm (given {args.spec_mode})")
   try:
     model, tokenizer, stops = load_model(args.model)
     drafter = None if drafter_name == "none" else _load_drafter(drafter_name)
@@ -144,7 +147,9 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     engine = Engine(model, spec_mode=args.spec_mode, drafter=drafter,
                     num_slots=args.slots or len(prompts), max_len=max_len,
                     draft_tokens=args.draft_tokens, ring_len=args.ring_len,
-                    batch_buckets=(args.slots or len(prompts),))
+                    batch_buckets=(args.slots or len(prompts),),
+                    backend=args.backend or default_backend(),
+                    checkpoint_copy=args.checkpoint_copy)
     stop_tokens = stops if args.stop_token is None else args.stop_token
     ids = [engine.add_request(tokens, max_new_tokens=args.max_new_tokens, stop_tokens=stop_tokens,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed + i)
@@ -163,6 +168,7 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     print(json.dumps({
         "model": args.model, "spec_mode": args.spec_mode, "drafter": drafter_name,
         "draft_tokens": engine.draft_tokens, "ring_len": engine.ring_len,
+        "backend": engine.spec.backend, "checkpoint_copy": args.checkpoint_copy,
         "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
         "tokenizer": getattr(tokenizer, "name", type(tokenizer).__name__),
         "outputs": outputs, "metrics": metrics}, indent=2))
@@ -216,6 +222,12 @@ def _add_generate(subparsers) -> None:
                  help="concurrent requests (default: one per prompt)")
   p.add_argument("--max-len", type=_positive_int, default=None, metavar="N",
                  help="positions per slot (default: longest prompt + max-new-tokens + T)")
+  p.add_argument("--backend", choices=("xla", "pallas", "triton"), default=None,
+                 help="GDN kernels (default: pallas on a GPU, xla on a CPU, where Pallas runs "
+                      "in slow interpret mode)")
+  p.add_argument("--checkpoint-copy", choices=("bfloat16",), default=None,
+                 help="replayssm: verify and decode read a bf16 copy of each checkpoint (half "
+                      "their bytes; the committed state stays exact, tokens may differ)")
   p.add_argument("--json", action="store_true",
                  help="print JSON: token ids, text and metrics of every prompt")
   p.set_defaults(handler=_cmd_generate, subparser=p)

@@ -121,6 +121,27 @@ def test_scripted_extremes(target, greedy_reference, num_correct, rate, steps):
   assert (m.acceptance_rate, m.mean_accepted_length, m.steps) == (rate, 1 + 3 * rate, steps)
 
 
+def test_checkpoint_copy(target, greedy_reference):
+  """`checkpoint_copy=jnp.bfloat16`: after a generation every layer's copy is exactly its
+  committed checkpoint rounded (reset and fold write both), and the metrics count the copy.
+  The tokens are the spec-off ones here; this model's greedy margins outlast the rounding
+  (measured, not promised: the copy changes the logits within the bf16 floor)."""
+  outputs, engine = run(target, PROMPTS, spec_mode="replayssm", drafter=NgramDrafter(max_n=3),
+                        max_new_tokens=64, checkpoint_copy=jnp.bfloat16)
+  assert outputs == [o[:64] for o in greedy_reference]
+  cache = engine.cache.gdn.ssm
+  assert cache.ssm_copy.dtype == jnp.bfloat16 and cache.ssm_copy.shape == cache.ssm.shape
+  assert float(jnp.abs(cache.ssm).max()) > 0
+  np.testing.assert_array_equal(np.asarray(cache.ssm_copy),
+                                np.asarray(cache.ssm.astype(jnp.bfloat16)))
+  report = memory.memory_report(target.config.gdn, num_slots=SLOTS, draft_tokens=T,
+                                ring_len=RING, activation_dtype=jnp.float32,
+                                checkpoint_copy=jnp.bfloat16)
+  assert report.copy_bytes == cache.ssm_copy.nbytes > 0
+  assert engine.metrics.spec_scratch_bytes["replayssm"] == (
+      cache.ring_nbytes + cache.ssm_copy.nbytes + report.cursor_bytes)
+
+
 # ----------------------------------------------------------------------------- sampled
 
 
@@ -248,6 +269,12 @@ def test_configuration_errors(target):
            ring_len=12)
   with pytest.raises(ValueError, match="num_slots=0"):
     Engine(target, num_slots=0, max_len=32)
+  with pytest.raises(ValueError, match="checkpoint_copy=.*needs spec_mode='replayssm'"):
+    Engine(target, spec_mode="recurrent", drafter=NgramDrafter(), num_slots=2, max_len=32,
+           checkpoint_copy=jnp.bfloat16)
+  with pytest.raises(ValueError, match="checkpoint_copy=float16 is not supported"):
+    Engine(target, spec_mode="replayssm", drafter=NgramDrafter(), num_slots=2, max_len=32,
+           checkpoint_copy=jnp.float16)
 
 
 def test_queue_limit_and_request_errors(target):

@@ -67,6 +67,18 @@ def test_generate_json_same_tokens_in_every_mode(capsys, sampling):
     assert [o["tokens"] for o in out["outputs"]] == [o["tokens"] for o in off["outputs"]]
 
 
+def test_generate_checkpoint_copy_and_backend(capsys):
+  """``--checkpoint-copy bfloat16 --backend xla`` reach the engine and the JSON."""
+  out = generate(capsys, "--spec-mode", "replayssm", "--drafter", "ngram", "--backend", "xla",
+                 "--checkpoint-copy", "bfloat16")
+  check_json(out, "replayssm", "ngram")
+  assert (out["backend"], out["checkpoint_copy"]) == ("xla", "bfloat16")
+  plain = generate(capsys, "--spec-mode", "replayssm", "--drafter", "ngram")
+  assert (plain["backend"], plain["checkpoint_copy"]) == ("xla", None)  # a CPU's default
+  copy = out["metrics"]["spec_scratch_bytes"]["replayssm"]
+  assert copy > plain["metrics"]["spec_scratch_bytes"]["replayssm"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--spec-mode", "replayssm", "--drafter", "eagle"], "--drafter 'eagle' is unknown"),
     (["--drafter", "ngram"], "needs --spec-mode recurrent or replayssm"),
@@ -76,8 +88,9 @@ def test_generate_json_same_tokens_in_every_mode(capsys, sampling):
     (["--spec-mode", "replayssm", "--ring-len", "6"], "ring_len=6 must be a power of two"),
     (["--max-len", "20"], "max_len=20"),
     (["--prompt", "caf\u00e9", "--model", HF_TINY], "outside the model's vocabulary"),
+    (["--checkpoint-copy", "bfloat16"], "--checkpoint-copy needs --spec-mode replayssm"),
 ], ids=["unknown-drafter", "drafter-without-spec", "spec-without-drafter", "empty-prompt",
-        "temperature", "ring-len", "too-long", "byte-outside-vocab"])
+        "temperature", "ring-len", "too-long", "byte-outside-vocab", "copy-without-replayssm"])
 def test_generate_errors(capsys, args, message):
   argv = ["generate", "--model", "tiny-random", "--prompt", "hi", *args]
   with pytest.raises(SystemExit) as e:

@@ -131,7 +131,8 @@ class Metrics:
     wall_s: seconds spent in `Engine.step` (first-use compiles included).
     spec_scratch_bytes: speculative scratch of the target's GDN caches in each mode at
       this engine's slots, T and L (`replayssm_jax.memory`): ``recurrent`` the
-      per-draft states ``intermediate``, ``replayssm`` the rings and cursors, ``off`` 0.
+      per-draft states ``intermediate``, ``replayssm`` the rings and cursors (and the
+      checkpoints' bf16 copy when this engine keeps one), ``off`` 0.
     cache_bytes: bytes of the target cache this engine holds (with ``spec_mode="off"`` it
       includes a one-state ``intermediate`` per slot that plain decode never writes:
       `HybridLM.init_cache` builds a recurrent cache with T = 1).
@@ -243,10 +244,15 @@ class Engine:
       powers of two below ``num_slots`` and ``num_slots``.
     backend: `SpecConfig.backend` of the target's kernels.
     max_waiting: the longest queue of waiting requests; None: unbounded.
+    checkpoint_copy: ``spec_mode="replayssm"`` only: `SpecConfig.checkpoint_copy`, None or
+      ``jnp.bfloat16`` (verify and decode read a bf16 copy of each checkpoint: half their
+      bytes for half a checkpoint more memory). The committed state stays exact, but the
+      logits are those of the rounded checkpoint, so tokens may differ from the other modes'.
 
   Raises:
     ValueError: an unknown mode, a missing or superfluous drafter, a drafter of another
-      vocabulary, bad sizes (each message names the argument).
+      vocabulary, bad sizes, a checkpoint copy outside ReplaySSM (each message names the
+      argument).
 
   Example (greedy, spec off, a tiny random model):
 
@@ -260,9 +266,13 @@ class Engine:
   def __init__(self, model, *, spec_mode: SpecMode = "off", drafter: Drafter | None = None,
                num_slots: int = 8, max_len: int = 1024, draft_tokens: int = 4,
                ring_len: int | None = None, batch_buckets: Sequence[int] | None = None,
-               backend: str = "xla", max_waiting: int | None = None):
+               backend: str = "xla", max_waiting: int | None = None,
+               checkpoint_copy: Any = None):
     if spec_mode not in SPEC_MODES:
       raise ValueError(f"Engine: spec_mode={spec_mode!r} is unknown; use one of {SPEC_MODES}.")
+    if checkpoint_copy is not None and spec_mode != "replayssm":
+      raise ValueError(f"Engine: checkpoint_copy={checkpoint_copy!r} needs "
+                       f"spec_mode='replayssm' (given {spec_mode!r}).")
     if spec_mode == "off" and drafter is not None:
       raise ValueError("Engine: a drafter was given with spec_mode='off'; pass drafter=None "
                        "or choose spec_mode='recurrent' or 'replayssm'.")
@@ -284,7 +294,7 @@ class Engine:
     # spec off decodes plain: a recurrent cache with T = 1 (no drafts, no ring).
     self.spec = SpecConfig(draft_tokens=T, ring_len=2 if spec_mode == "off" else L,
                            verify_mode="recurrent" if spec_mode == "off" else spec_mode,
-                           backend=backend)
+                           backend=backend, checkpoint_copy=checkpoint_copy)
     self.model, self.spec_mode, self.drafter = model, spec_mode, drafter
     self.vocab_size = model.config.vocab_size
     self.num_slots, self.max_len, self.draft_tokens, self.ring_len = num_slots, max_len, T, L
@@ -307,9 +317,10 @@ class Engine:
     """Spec scratch of each mode at this engine's sizes (`memory.memory_report`)."""
     L = max(L, _power_of_two_at_least(2 * T))
     report = memory.memory_report(self.model.config.gdn, num_slots=self.num_slots, draft_tokens=T,
-                                  ring_len=L, activation_dtype=self.model.dtype)
+                                  ring_len=L, activation_dtype=self.model.dtype,
+                                  checkpoint_copy=self.spec.checkpoint_copy)
     return {"off": 0, "recurrent": report.intermediate_bytes,
-            "replayssm": report.ring_bytes + report.cursor_bytes}
+            "replayssm": report.replayssm_scratch_bytes + report.cursor_bytes}
 
   # --------------------------------------------------------------------------- requests
 
