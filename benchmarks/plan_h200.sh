@@ -17,7 +17,7 @@ OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}
 ITEMS=${ITEMS:-"k_copy k_step k_copy_triton t_together h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
 KNOWN="k_copy k_step k_copy_triton t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
-RUN=${RUN:-run46}  # the files' tag
+RUN=${RUN:-run47}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
