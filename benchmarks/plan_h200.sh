@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="k_copy k_step" bash benchmarks/plan_h200.sh   # first call (an H200), then k_copy_triton
+#   ITEMS="k_copy k_step" bash benchmarks/plan_h200.sh   # first call (an H200), then k_streams,
+#   k_copy_triton
 #   then "t_together h_read a_pallas", "h_ab s_triton", "a_triton s_pallas", "v c h"
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
@@ -15,8 +16,8 @@
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}
-ITEMS=${ITEMS:-"k_copy k_step k_copy_triton t_together h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
-KNOWN="k_copy k_step k_copy_triton t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
+ITEMS=${ITEMS:-"k_copy k_step k_streams k_copy_triton t_together h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+KNOWN="k_copy k_step k_streams k_copy_triton t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
 RUN=${RUN:-run47}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
@@ -42,6 +43,7 @@ estimate() {
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;;
     h_ab) echo 100;; h_read) echo 140;; k_copy|k_copy_triton) echo 240;; k_step) echo 150;;
+    k_streams) echo 240;;
     *) echo 0;;
   esac
 }
@@ -88,6 +90,15 @@ command_of() {
     # Predicted: 7.5-8.3 ms, peak ~25.9 GiB (scratch / peak 2.3x).
     k_step) echo "$PY -m replayssm_jax.bench.step --batch 256 512 --checkpoint-copy bfloat16" \
       "--reps 10 --out \$OUT/step_${RUN}_copy.json";;
+    # k_streams: the split form's stream over the copy per launch (`sweep.STREAM_TUNINGS` and
+    # `COPY_STREAM_TUNINGS`). Run 46 (H100): the stream moved its halved bytes at 2.5 TB/s
+    # against the fp32 stream's 2.8 (B=256, T=4: 128.3 us); its K-step of 64 bf16 elements is
+    # half the bytes of the fp32 one for the same ~140-instruction loop (triton 3.6, sm_90).
+    # Predicted: a K-step of 128 (the whole row of K=128 in one step, 96 registers, 5 programs
+    # an SM, no loop) 5-10% faster at B=256 on either T; if so, the stream's tuning goes by
+    # the checkpoint's dtype.
+    k_streams) echo "$PY -m replayssm_jax.bench.sweep --only streams --checkpoint-copy --T 4 1" \
+      "--batch 256 64 --reps 15 --budget-s 230 --out \$OUT/sweep_${RUN}_copy_streams.json $extra";;
     # k_copy_triton: the same in the triton backend (its stream's K-loop a bf16 dot on the copy;
     # run 35: verify 190 us at B=256, decode 198 us a step). Predicted alike: verify ~130,
     # decode cycle 140-160 us a step.

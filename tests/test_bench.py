@@ -414,7 +414,7 @@ def test_sweep_candidates_are_valid_launches():
         assert min(tuning.block_v, tuning.k_chunk) >= 16, tuning
     for tuning in state:
       tuning.check(128, 128)
-  for tuning in sweep.STREAM_TUNINGS:
+  for tuning in sweep.STREAM_TUNINGS + sweep.COPY_STREAM_TUNINGS:
     tuning.check(128, 128)
   for bv, *_ in sweep.FOLD_TUNINGS:
     kernels.KernelTuning(block_v=bv).check(128, 128)
@@ -462,6 +462,24 @@ def test_sweep_replay_tokens(tmp_path):
                      "--batch", "2", "--reps", "1", "--out", str(out)]) == 0
   kernels_run = {r["kernel"] for r in json.loads(out.read_text())["rows"]}
   assert kernels_run and all(k.endswith("_T1") for k in kernels_run), kernels_run
+
+
+def test_sweep_streams_over_the_copy(tmp_path):
+  """``--only streams --checkpoint-copy`` times the split form's stream over the checkpoint's
+  bf16 copy at each ``--T`` (tiny geometry: only the default launch fits its 16 rows of V),
+  its bandwidth by the copy's byte model."""
+  from replayssm_jax.bench import sweep
+
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "streams", "--checkpoint-copy", "--T", "4", "1",
+                     "--batch", "2", "--reps", "1", "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert {r["kernel"] for r in rows} == {"replay_verify_split_T4", "replay_verify_split_T1"}
+  assert all(r["checkpoint_copy"] is True and r["median_us"] > 0 for r in rows)
+  for r in rows:
+    T = int(r["kernel"][-1])
+    bytes_of = lambda copy: kernels.Bytes(kernels.TINY, T, copy=copy).rssm_verify(8, T) * r["B"]
+    assert r["bytes"] == bytes_of(True) < bytes_of(False)
 
 
 def test_sweep_vec_tiles(tmp_path):

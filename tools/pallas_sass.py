@@ -37,7 +37,8 @@ device's registers and loops (benchmarks/NOTES.md runs 32 and 34).
 Kernels (`KERNELS`): the fold, the recurrent verify and decode, the replay verify (at B >= 16
 the split form: its coefficients and stream kernels) and the split form with the fold inside
 its stream, each at the anchor geometry with the tuning the benchmarks use. ``--kw`` adds
-keyword arguments to the call, as a dict literal.
+keyword arguments to the call, as a dict literal; its ``'tuning'``, a dict of `KernelTuning`'s
+fields, replaces those of the benchmarks' tuning (``--kw "{'tuning': {'k_chunk': 128}}"``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import argparse
 import ast
 import collections
 import contextlib
+import dataclasses
 import functools
 import re
 import tempfile
@@ -71,27 +73,29 @@ def _shapes(B: int, T: int, L: int, gdn=bench.GEOMETRY) -> dict[str, jax.ShapeDt
                       T=T, L=L, slots=B, B=B, act=ACT, ring=ACT)
 
 
-def call(kernel: str, B: int, T: int, L: int, *, copy: bool = False, **kw):
-  """``(fn, args)``: the kernel's call with the benchmarks' tuning and its argument shapes;
-  ``copy``: with the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`), which the fold
-  writes and the replay verify reads."""
+def call(kernel: str, B: int, T: int, L: int, *, copy: bool = False, tuning=None, **kw):
+  """``(fn, args)``: the kernel's call with the benchmarks' tuning (``tuning``, a dict,
+  replaces some of its fields) and its argument shapes; ``copy``: with the checkpoint's bf16
+  copy (`SpecConfig.checkpoint_copy`), which the fold writes and the replay verify reads."""
   kern, x = bench.kernels_for("pallas"), _shapes(B, T, L)
   V = bench.GEOMETRY.head_v_dim
+  state_tuning = dataclasses.replace(kern.state_tuning(V), **(tuning or {}))
+  replay_tuning = dataclasses.replace(kern.replay_tuning(V, T, B), **(tuning or {}))
   window = [x[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "slot_ids")]
   ssm_copy = jax.ShapeDtypeStruct(x["ssm"].shape, jnp.bfloat16)
   if kernel == "fold":
     args = [x[n] for n in ("ssm", "ring_rawk", "ring_rawv", "ring_g", "ring_beta", "slot_ids",
                            "count", "cache_base")]
-    fold = functools.partial(kern.fold, tuning=kern.state_tuning(V), **kw)
+    fold = functools.partial(kern.fold, tuning=state_tuning, **kw)
     if copy:
       return (lambda *a: fold(*a[:-1], ssm_copy=a[-1])), [*args, ssm_copy]
     return fold, args
   if kernel == "recurrent_verify":
-    return (functools.partial(kern.recurrent_verify, tuning=kern.state_tuning(V), **kw),
+    return (functools.partial(kern.recurrent_verify, tuning=state_tuning, **kw),
             [x["ssm"], x["intermediate"], *window])
   if kernel == "recurrent_decode":
     one = _shapes(B, 1, L)
-    return (functools.partial(kern.recurrent_decode, tuning=kern.state_tuning(V), **kw),
+    return (functools.partial(kern.recurrent_decode, tuning=state_tuning, **kw),
             [one[n] for n in ("ssm", "q", "k", "v", "a", "b", "A_log", "dt_bias", "slot_ids")])
   replay = [x[n] for n in ("ssm", "ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk",
                             "ring_rawv", "q", "k", "v", "a", "b", "A_log", "dt_bias",
@@ -101,11 +105,11 @@ def call(kernel: str, B: int, T: int, L: int, *, copy: bool = False, **kw):
   if copy:
     replay[0] = ssm_copy
   if kernel == "replay_verify":
-    return (functools.partial(kern.replay_verify, tuning=kern.replay_tuning(V, T, B),
+    return (functools.partial(kern.replay_verify, tuning=replay_tuning,
                               dot_precision="default", **kw), replay)
   if kernel == "fold_replay_verify":  # the split form's stream folding the flush rows first
     return (functools.partial(replay_split.fold_replay_verify_split,
-                              tuning=kern.replay_tuning(V, T, B), fold_tuning=kern.state_tuning(V),
+                              tuning=replay_tuning, fold_tuning=kern.state_tuning(V),
                               dot_precision="default", **kw),
             [*replay, x["count"], x["cache_base"]])
   raise ValueError(f"kernel={kernel!r}; expected one of {KERNELS}.")

@@ -98,6 +98,12 @@ STREAM_TUNINGS = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=s
                   for bv, w, kc, st in [(128, 4, 32, 3), (128, 4, 32, 2), (128, 8, 64, 2),
                                         (128, 4, 128, 1), (64, 4, 64, 2), (64, 2, 64, 2),
                                         (64, 4, 32, 3), (64, 2, 32, 2)]]
+# The stream over the checkpoint's bf16 copy (``--checkpoint-copy``): a K-step of 128 bf16
+# elements holds the bytes of the default's 64 fp32 ones (the same 64 KB of shared memory at
+# two stages), so the loop issues half the steps for them.
+COPY_STREAM_TUNINGS = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=st)
+                       for bv, w, kc, st in [(128, 4, 128, 2), (128, 8, 128, 2),
+                                             (64, 4, 128, 2), (128, 4, 64, 3)]]
 
 
 def split_variants(knobs=None) -> list[dict]:
@@ -106,17 +112,20 @@ def split_variants(knobs=None) -> list[dict]:
 
 
 def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
-                 streams=False, vec_tiles=False):
+                 streams=False, vec_tiles=False, copy=False):
   """The replay verify per (form, tuning) (unless not ``forms``); on Pallas also the split
   form in each of `SPLIT_VARIANTS` (its kernels' other launches; those that set one of
   ``knobs``, if given) under the default tuning, or, with ``streams``, at each of the stream
-  launches `STREAM_TUNINGS` instead. With ``vec_tiles``, the vector form at each of
-  `VEC_TILES` alone (rows of V capped at the geometry's)."""
+  launches `STREAM_TUNINGS` instead (and `COPY_STREAM_TUNINGS` with ``copy``). With
+  ``vec_tiles``, the vector form at each of `VEC_TILES` alone (rows of V capped at the
+  geometry's). With ``copy``, every verify reads the checkpoint's bf16 copy
+  (`SpecConfig.checkpoint_copy`), and the byte model counts it."""
   rng = np.random.default_rng(0)
-  spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm")
+  spec = SpecConfig(draft_tokens=T, ring_len=16, verify_mode="replayssm",
+                    checkpoint_copy=jnp.bfloat16 if copy else None)
   x = _inputs(rng, B, T, gdn)
   slot_ids = jnp.arange(B, dtype=jnp.int32)
-  model = B * Bytes(gdn, T).rssm_verify(wp, T)
+  model = B * Bytes(gdn, T, copy=copy).rssm_verify(wp, T)
   kern = bench.kernels_for(backend)
   if vec_tiles:
     capped = [dataclasses.replace(t, block_v=min(t.block_v, gdn.head_v_dim)) for t in VEC_TILES]
@@ -127,7 +136,8 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
     stream = kern.replay_tuning(gdn.head_v_dim, T, B)
     variants += [] if forms else [("split", stream, {})]  # the defaults, to compare with
     if streams:
-      variants += [("split", t, {}) for t in STREAM_TUNINGS if t != stream]
+      tunings = STREAM_TUNINGS + (COPY_STREAM_TUNINGS if copy else [])
+      variants += [("split", t, {}) for t in tunings if t != stream]
     else:
       variants += [("split", stream, extra) for extra in split_variants(knobs)]
   for form, tuning, extra in variants:
@@ -143,19 +153,19 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
       verify = functools.partial(kern.replay_verify, form=form)
 
     def run(c, tuning=tuning, verify=verify):
-      _, *out = verify(c.ssm, *(getattr(c, n) for n in RINGS), *_window(x), slot_ids,
+      _, *out = verify(c.verify_ssm, *(getattr(c, n) for n in RINGS), *_window(x), slot_ids,
                        c.write_pos, c.cache_base, tuning=tuning, dot_precision="default")
       return dataclasses.replace(c, **dict(zip(RINGS, out)))
 
     row = dict(kernel=f"replay_verify_{form}_T{T}", backend=backend, B=B, wp=wp,
-               **dataclasses.asdict(tuning), **extra)
+               **dataclasses.asdict(tuning), **extra, **({"checkpoint_copy": True} if copy else {}))
     try:
       t, _ = time_calls(jax.jit(run, donate_argnums=0), cache, reps=reps)
     except Exception as e:  # a launch shape Triton rejects (registers, shared memory)
       yield dict(row, error=f"{type(e).__name__}: {str(e)[:200]}")
       continue
-    yield dict(row, median_us=round(t.median_us, 1), tbps=round(model / t.median_us / 1e6, 3),
-               kernel_us=t.by_kernel())
+    yield dict(row, median_us=round(t.median_us, 1), bytes=model,
+               tbps=round(model / t.median_us / 1e6, 3), kernel_us=t.by_kernel())
 
 
 def _fold_case(gdn, B, rng, kern, tuning, n_fold):
@@ -403,11 +413,15 @@ def main(argv=None) -> int:
                  help="coefficients: only the variants that set these keyword arguments of "
                       "replay_split.replay_verify_split (e.g. coefficient_key_mma)")
   p.add_argument("--T", type=int, nargs="+", default=[4, 1], dest="tokens",
-                 help="window tokens of the replay and coefficients families (1: decode)")
+                 help="window tokens of the replay, coefficients and streams families "
+                      "(1: decode)")
   p.add_argument("--backend", choices=bench.BACKENDS, default="pallas")
   p.add_argument("--budget-s", type=float, default=float("inf"),
                  help="stop after the row that crosses this many seconds")
   p.add_argument("--tiny", action="store_true", help="tiny geometry: a smoke run on CPU")
+  p.add_argument("--checkpoint-copy", action="store_true",
+                 help="replay, coefficients, streams and vec-tiles: verify from the "
+                      "checkpoint's bf16 copy (SpecConfig.checkpoint_copy)")
   args = p.parse_args(argv)
   kernel_backend.round_cpu_products_apart()  # the bitwise checks on a CPU (before any array)
   gdn = bench.TINY if args.tiny else bench.GEOMETRY
@@ -433,11 +447,13 @@ def main(argv=None) -> int:
     if "replay" in only or "coefficients" in only:
       forms = "replay" in only
       gens += [sweep_replay(gdn, B, T, 8, args.reps, backend=args.backend, forms=forms,
-                            knobs=args.knobs) for T in args.tokens]
+                            knobs=args.knobs, copy=args.checkpoint_copy) for T in args.tokens]
     if "vec-tiles" in only:
-      gens.append(sweep_replay(gdn, B, 1, 8, args.reps, backend=args.backend, vec_tiles=True))
+      gens.append(sweep_replay(gdn, B, 1, 8, args.reps, backend=args.backend, vec_tiles=True,
+                               copy=args.checkpoint_copy))
     if "streams" in only and args.backend == "pallas":
-      gens.append(sweep_replay(gdn, B, 4, 8, args.reps, forms=False, streams=True))
+      gens += [sweep_replay(gdn, B, T, 8, args.reps, forms=False, streams=True,
+                            copy=args.checkpoint_copy) for T in args.tokens]
   for gen in gens:
     for row in gen:
       rows.append(row)
