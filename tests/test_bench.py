@@ -399,6 +399,21 @@ def test_kernels_for_names_each_backend():
     kernels.kernels_for("cuda")
 
 
+def test_the_stream_on_the_copy_pipelines_deeper():
+  """A window's split stream over the bf16 copy takes `COPY_STREAM_STAGES` stages, its other
+  fields the fp32 stream's; decode, the other forms and the fp32 checkpoint keep theirs."""
+  def default(T, B, copy=None):
+    spec = SpecConfig(backend="pallas", verify_mode="replayssm", checkpoint_copy=copy)
+    return ssm.default_replay_tuning(spec, 128, T, B)
+
+  for T, B in [(4, 256), (4, 64), (2, 16)]:
+    assert default(T, B, jnp.bfloat16) == dataclasses.replace(
+        default(T, B), num_stages=backend.COPY_STREAM_STAGES)
+  for T, B in [(1, 256), (4, 8), (1, 8)]:
+    assert default(T, B, jnp.bfloat16) == default(T, B)
+  assert backend.COPY_STREAM_STAGES != default(4, 256).num_stages
+
+
 def test_sweep_candidates_are_valid_launches():
   """Every candidate tiles the anchor geometry; the triton UT and split forms' dots need 16 on
   each side."""

@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractDevice, AbstractMesh
 
+from replayssm_jax import SpecConfig, ssm
 from replayssm_jax.bench import kernels as bench
 from replayssm_jax.kernels import replay_split
 from replayssm_jax.kernels.backend import layer_shapes
@@ -80,7 +81,9 @@ def call(kernel: str, B: int, T: int, L: int, *, copy: bool = False, tuning=None
   kern, x = bench.kernels_for("pallas"), _shapes(B, T, L)
   V = bench.GEOMETRY.head_v_dim
   state_tuning = dataclasses.replace(kern.state_tuning(V), **(tuning or {}))
-  replay_tuning = dataclasses.replace(kern.replay_tuning(V, T, B), **(tuning or {}))
+  spec = SpecConfig(backend="pallas", verify_mode="replayssm",
+                    checkpoint_copy=jnp.bfloat16 if copy else None)
+  replay_tuning = dataclasses.replace(ssm.default_replay_tuning(spec, V, T, B), **(tuning or {}))
   window = [x[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "slot_ids")]
   ssm_copy = jax.ShapeDtypeStruct(x["ssm"].shape, jnp.bfloat16)
   if kernel == "fold":

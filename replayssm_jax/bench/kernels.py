@@ -309,7 +309,8 @@ def bench_batch(B: int, *, gdn: GDNConfig = GEOMETRY, T: int = 4, L: int = 16, r
   def replay_only(c, ids):
     _, *out = kern.replay_verify(
         c.verify_ssm, *(getattr(c, n) for n in rings), *_window(x), ids, c.write_pos, c.cache_base,
-        tuning=kern.replay_tuning(gdn.head_v_dim, T, B), dot_precision=spec.dot_precision)
+        tuning=ssm.default_replay_tuning(spec, gdn.head_v_dim, T, B),
+        dot_precision=spec.dot_precision)
     return dataclasses.replace(c, **dict(zip(rings, out)))
 
   wp_fold = L - T

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from replayssm_jax import ssm
 from replayssm_jax.bench import kernels as bench
 from replayssm_jax.bench.kernels import Bytes, _inputs, _replay_cache, _window
 from replayssm_jax.bench.timing import time_calls
@@ -99,11 +100,13 @@ STREAM_TUNINGS = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=s
                                         (128, 4, 128, 1), (64, 4, 64, 2), (64, 2, 64, 2),
                                         (64, 4, 32, 3), (64, 2, 32, 2)]]
 # The stream over the checkpoint's bf16 copy (``--checkpoint-copy``): a K-step of 128 bf16
-# elements holds the bytes of the default's 64 fp32 ones (the same 64 KB of shared memory at
-# two stages), so the loop issues half the steps for them.
+# elements holds the bytes of the fp32 default's 64 (the same 64 KB of shared memory at two
+# stages), so the loop issues half the steps for them; three stages of 64 (its default at
+# T > 1 since run 47, `backend.COPY_STREAM_STAGES`) and the fp32 stream's two.
 COPY_STREAM_TUNINGS = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=st)
                        for bv, w, kc, st in [(128, 4, 128, 2), (128, 8, 128, 2),
-                                             (64, 4, 128, 2), (128, 4, 64, 3)]]
+                                             (64, 4, 128, 2), (128, 4, 64, 3),
+                                             (128, 4, 64, 2)]]
 
 
 def split_variants(knobs=None) -> list[dict]:
@@ -133,7 +136,7 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
   else:
     variants = [(form, tuning, {}) for form, tuning in CANDIDATES[backend][0] if forms]
   if backend == "pallas" and not vec_tiles:
-    stream = kern.replay_tuning(gdn.head_v_dim, T, B)
+    stream = ssm.default_replay_tuning(spec, gdn.head_v_dim, T, B)
     variants += [] if forms else [("split", stream, {})]  # the defaults, to compare with
     if streams:
       tunings = STREAM_TUNINGS + (COPY_STREAM_TUNINGS if copy else [])

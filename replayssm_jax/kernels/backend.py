@@ -83,6 +83,13 @@ def round_cpu_products_apart() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_max_isa=AVX".strip()
 
 
+# Pipeline stages of the split form's stream over the checkpoint's bf16 copy at T > 1: a bf16
+# K-step is half the fp32 one's shared memory, so three take 48 KB where the fp32 stream's two
+# take 64. H100, run 47 (`bench.sweep --only streams --checkpoint-copy`, benchmarks/NOTES.md):
+# T=4 B=256 157.1 -> 150.3 us, B=64 48.6 -> 46.5; at T=1 even (B=256 127.0 -> 128.2), so
+# decode keeps two. K-steps of 128 (the whole row, no loop) were slower (T=4 B=256 166 us).
+COPY_STREAM_STAGES = 3
+
 # Rows from which the split form wins: a window (T >= 2), and decode (T = 1).
 SPLIT_MIN_BATCH = {"window": 16, "decode": 64}
 # The Pallas vector form's launch (decode below the split form): (rows of V, warps, K-chunk).
@@ -141,8 +148,9 @@ class KernelTuning:
     return cls(block_v=min(32, V), num_warps=2, k_chunk=32)
 
   @classmethod
-  def replay_default(cls, V: int, T: int, B: int = 256) -> KernelTuning:
-    """Launch parameters of the Pallas replay verify in its form for (T, B) (`replay_form`).
+  def replay_default(cls, V: int, T: int, B: int = 256, *, copy: bool = False) -> KernelTuning:
+    """Launch parameters of the Pallas replay verify in its form for (T, B) (`replay_form`);
+    ``copy``: reading the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`).
 
     H200, HV=32, K=V=128, L=16, bf16, write_pos 8 (benchmarks/NOTES.md runs 4-6): the split
     form's checkpoint stream at [128, K] tiles over 4 warps, K-steps of 64 through 2 pipeline
@@ -151,11 +159,13 @@ class KernelTuning:
     A single row's UT form, whose programs fold flush rows first (`ssm.FUSE_FOLD_ONE_KERNEL`),
     at (32, 2): twice the programs for the one row, each folding one 32-row tile (benchmarks/
     NOTES.md run 16: the B=1 flush step 20.8 -> 16.9 us, a step without a fold 10.9 -> 9.8; at
-    B=8 (64, 2) stays ahead, 33.1 against 44.3 us).
+    B=8 (64, 2) stays ahead, 33.1 against 44.3 us). On the copy, the stream of a window
+    pipelines `COPY_STREAM_STAGES` K-steps.
     """
     form = replay_form(T, B)
     if form == "split":
-      return cls(block_v=min(128, V), num_warps=4, k_chunk=64, num_stages=2)
+      stages = COPY_STREAM_STAGES if copy and T > 1 else 2
+      return cls(block_v=min(128, V), num_warps=4, k_chunk=64, num_stages=stages)
     if form == "vec":
       block_v, num_warps, k_chunk = VEC_TILE
       return cls(block_v=min(block_v, V), num_warps=num_warps, k_chunk=k_chunk)
