@@ -189,12 +189,14 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
     # lay the loop out anew (sm_90: K=128 364 -> 381 loop instructions; K=16, V=64: 8 -> 5
     # shuffles, and on an H100 the folded state 1 ulp off the recurrent one), which the
     # bitwise tie with the recurrent kernels' layout cannot take.
+    # Every half is loaded before the first store: the compiler cannot tell the copy from
+    # the checkpoint, so a load after a store waits for it (sm_90: two L2 round trips, not one).
     if compiled:  # the program's threads read what its other threads stored
       pltriton.debug_barrier()
-    for r in tiles:
-      half = r.size // 2
-      for rows in (pl.ds(r.start, half), pl.ds(r.start + half, half)):
-        copy_ref[slot, h, rows, :] = ssm_ref[slot, h, rows, :].astype(copy_ref.dtype)
+    halves = [pl.ds(r.start + i * (r.size // 2), r.size // 2) for r in tiles for i in (0, 1)]
+    stored = [ssm_ref[slot, h, rows, :] for rows in halves]
+    for rows, x in zip(halves, stored):
+      copy_ref[slot, h, rows, :] = x.astype(copy_ref.dtype)
 
 
 def fold_tiles(ssm_ref, *rings, loop: FoldLoop, first_row, tiles: int, **kw) -> None:
