@@ -84,7 +84,8 @@ command_of() {
     # B=256 ~325 -> 250-280; B=64 verify ~48 -> 30-34 us. If it holds, #9's decode target is
     # met with the copy on, at half a checkpoint more memory. Runs 46-47 (H100): B=256 verify
     # 235.8 -> 157.0, fold +36%, decode cycle 1.97x the recurrent decode; since 9c6a6f3 the
-    # copy's window stream pipelines three K-steps (verify predicted ~150 us on the H100).
+    # copy's window stream pipelines three K-steps (verify predicted ~150 us on the H100), and
+    # the fold's read-back loads both halves before storing (fold 585 -> 545-555 us on it).
     k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16\" TAG=${RUN}_copy ROUNDS=1" \
       "BENCH_ARGS=\"--paths recurrent kernels steps decode --batch 64 256 --decode-rings 16" \
       "--reps 10 $extra\" $AB";;
@@ -97,62 +98,6 @@ command_of() {
     # against 157.1 us), three stages of 64 faster at T=4 (-4.3% at B=64 and 256; shipped as
     # the copy's default, `backend.COPY_STREAM_STAGES`), even at T=1. On the H200 predicted
     # alike: the three stages 3-5% ahead of two at T=4, even at T=1.
-    k_streams) echo 240;;
-    *) echo 0;;
-  esac
-}
-command_of() {
-  local steps="--paths recurrent decode --decode-rings 16 --reps 10"
-  local flush="--paths kernels steps --batch 64 256 --reps 15"
-  local extra=${BENCH_EXTRA:-}  # e.g. a CPU smoke run: "--tiny --batch 2 --reps 2 --copy-gib 0.01"
-  case $1 in
-    # s. The steps of a decode cycle with L2 flushed between them (run 37's harness, in one
-    # jitted call). Run 41 (H100): the Pallas split form below 64 rows lost (B=8 21.1 against
-    # 18.4 us a step, B=16 32.5 against 29.5, B=32 even); the triton decode in the split form
-    # from 32 rows and the vector form in [64, 32] tiles below (shipped from run 41) against
-    # the decode before (`before`): B=8 19.4 against 21.5, B=16 32.9 against 33.6, B=32 52.4
-    # against 56.7. On the H200 predicted alike: 1-2 us a step at B=8 and 16, ~4 at B=32.
-    # Run 42 (H100) repeated both to 0.5 us; s_triton's `nocond` arm moved the triton fold out
-    # of its conditional (run 44, H100: launched in every step, its spans shorter at every
-    # B but the in-phase cycle at B=256, 295.0 against 294.7). On the H200 the triton steps'
-    # `before` is owed.
-    s_pallas) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;split=.|$SPLIT8\"" \
-      "TAG=${RUN}_steps ROUNDS=1 BENCH_ARGS=\"$steps --batch 8 16 32 64 256 $extra\" $AB";;
-    s_triton) echo "ARMS=\"warm=.|--no-l2-flush-steps;flushed=.|;$BEFORE41\"" \
-      "TAG=${RUN}_steps_triton ROUNDS=1 BENCH_ARGS=\"$steps --backend triton --batch 8 16 32 256 $extra\" $AB";;
-    # t_together: Pallas decode with `fold_together` (rows in phase: a cycle folds in 1 step of
-    # 16), the only Pallas path that ran its fold behind the conditional for the in-phase case
-    # the conditional suits, launched in every step since session 44 (`launch`) against the
-    # conditional (`cond`). Run 25 (H200, with it): 197.4 us a step in phase at B=256; run 45:
-    # the idle fold costs a step 18 us of kernels at B=256. Predicted: `cond` 5-10 us a step
-    # shorter in span at B=256 (the idle fold against ~10 us of idle GPU after
-    # `set_case_condition`), even at B=64; if so, SKIP_IDLE_FOLD goes by kind of step.
-    t_together) echo "ARMS=\"launch=.|--fold-together 0.5;cond=.|--fold-together 0.5 --set" \
-      "ssm.SKIP_IDLE_FOLD={'xla':False,'pallas':True,'triton':False}\" TAG=${RUN}_together" \
-      "ROUNDS=1 BENCH_ARGS=\"$steps --batch 64 256 $extra\" $AB";;
-    # k_copy: the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`, session 45): verify and
-    # decode stream half the checkpoint bytes, the fold writes the copy too (and runs in its
-    # own kernel). Predicted on the H200 (NOTES "Session 45"): B=256 replay verify ~175 ->
-    # 115-125 us (its byte model halves the checkpoint: ~67% of copy), B=256 decode cycle
-    # ~205 -> 140-155 us a step (1.85-2.05x the recurrent decode of the same call), mixed step
-    # B=256 ~325 -> 250-280; B=64 verify ~48 -> 30-34 us. If it holds, #9's decode target is
-    # met with the copy on, at half a checkpoint more memory. Runs 46-47 (H100): B=256 verify
-    # 235.8 -> 157.0, fold +36%, decode cycle 1.97x the recurrent decode; since 9c6a6f3 the
-    # copy's window stream pipelines three K-steps (verify predicted ~150 us on the H100).
-    k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16\" TAG=${RUN}_copy ROUNDS=1" \
-      "BENCH_ARGS=\"--paths recurrent kernels steps decode --batch 64 256 --decode-rings 16" \
-      "--reps 10 $extra\" $AB";;
-    # k_step: the 30-layer step with the copy (run 45: 9.62 ms span at B=256, peak 18.4 GiB).
-    # Predicted: 7.5-8.3 ms, peak ~25.9 GiB (scratch / peak 2.3x).
-    k_step) echo "$PY -m replayssm_jax.bench.step --batch 256 512 --checkpoint-copy bfloat16" \
-      "--reps 10 --out \$OUT/step_${RUN}_copy.json";;
-    # k_streams: the split form's stream over the copy per launch (`sweep.STREAM_TUNINGS` and
-    # `COPY_STREAM_TUNINGS`). Run 46 (H100): the stream moved its halved bytes at 2.5 TB/s
-    # against the fp32 stream's 2.8 (B=256, T=4: 128.3 us); its K-step of 64 bf16 elements is
-    # half the bytes of the fp32 one for the same ~140-instruction loop (triton 3.6, sm_90).
-    # Predicted: a K-step of 128 (the whole row of K=128 in one step, 96 registers, 5 programs
-    # an SM, no loop) 5-10% faster at B=256 on either T; if so, the stream's tuning goes by
-    # the checkpoint's dtype.
     k_streams) echo "$PY -m replayssm_jax.bench.sweep --only streams --checkpoint-copy --T 4 1" \
       "--batch 256 64 --reps 15 --budget-s 230 --out \$OUT/sweep_${RUN}_copy_streams.json $extra";;
     # k_copy_triton: the same in the triton backend (its stream's K-loop a bf16 dot on the copy;
