@@ -2,7 +2,7 @@
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
 #   ITEMS="k_copy k_step" bash benchmarks/plan_h200.sh   # first call (an H200), then k_streams,
-#   k_copy_triton
+#   k_copy_triton, k_streams_triton
 #   then "h_read a_pallas", "h_ab s_triton", "a_triton s_pallas", "v c h" (t_together: run 47)
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
@@ -16,8 +16,8 @@
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}
-ITEMS=${ITEMS:-"k_copy k_step k_streams k_copy_triton h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
-KNOWN="k_copy k_step k_streams k_copy_triton t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
+ITEMS=${ITEMS:-"k_copy k_step k_streams k_copy_triton k_streams_triton h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
 RUN=${RUN:-run48}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
@@ -43,7 +43,7 @@ estimate() {
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;;
     h_ab) echo 100;; h_read) echo 140;; k_copy|k_copy_triton) echo 240;; k_step) echo 150;;
-    k_streams) echo 240;;
+    k_streams|k_streams_triton) echo 240;;
     *) echo 0;;
   esac
 }
@@ -100,6 +100,13 @@ command_of() {
     # alike: the three stages 3-5% ahead of two at T=4, even at T=1.
     k_streams) echo "$PY -m replayssm_jax.bench.sweep --only streams --checkpoint-copy --T 4 1" \
       "--batch 256 64 --reps 15 --budget-s 230 --out \$OUT/sweep_${RUN}_copy_streams.json $extra";;
+    # k_streams_triton: the triton forms' launches over the copy (`sweep.TRITON_REPLAY`, the
+    # split form's stream among them). Run 47 (H100): its stream on the copy moved 0.32 GB at
+    # ~2.4 TB/s (verify 163.1 us at B=256, Pallas 157.0). Predicted: as the Pallas stream, three
+    # stages ahead of two at T=4 by 3-5% (its candidates (64, 4, 64, 3) and (32, 2, 64, 3)).
+    k_streams_triton) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay" \
+      "--checkpoint-copy --T 4 1 --batch 256 64 --reps 15 --budget-s 230" \
+      "--out \$OUT/sweep_${RUN}_copy_triton.json $extra";;
     # k_copy_triton: the same in the triton backend (its stream's K-loop a bf16 dot on the copy;
     # run 35: verify 190 us at B=256, decode 198 us a step). Predicted alike: verify ~130,
     # decode cycle 140-160 us a step.
