@@ -188,6 +188,13 @@ def _positive_int(text: str) -> int:
   return value
 
 
+def _add_kernel_backend(p: argparse.ArgumentParser) -> None:
+  """``--backend`` of the commands that generate (None: `demo.default_backend`)."""
+  p.add_argument("--backend", choices=("xla", "pallas", "triton"), default=None,
+                 help="GDN kernels (default: pallas on a GPU, xla on a CPU, where Pallas runs "
+                      "in slow interpret mode)")
+
+
 def _add_generate(subparsers) -> None:
   p = subparsers.add_parser(
       "generate", help="generate text with speculative decoding",
@@ -222,9 +229,7 @@ def _add_generate(subparsers) -> None:
                  help="concurrent requests (default: one per prompt)")
   p.add_argument("--max-len", type=_positive_int, default=None, metavar="N",
                  help="positions per slot (default: longest prompt + max-new-tokens + T)")
-  p.add_argument("--backend", choices=("xla", "pallas", "triton"), default=None,
-                 help="GDN kernels (default: pallas on a GPU, xla on a CPU, where Pallas runs "
-                      "in slow interpret mode)")
+  _add_kernel_backend(p)
   p.add_argument("--checkpoint-copy", choices=("bfloat16",), default=None,
                  help="replayssm: verify and decode read a bf16 copy of each checkpoint (half "
                       "their bytes; the committed state stays exact, tokens may differ)")
@@ -285,9 +290,7 @@ def _add_demo(subparsers) -> None:
                  help="verify window T, including the last committed token (default 4)")
   p.add_argument("--ring-len", type=_positive_int, default=16, metavar="L",
                  help="ReplaySSM ring length, a power of two >= 2T (default 16)")
-  p.add_argument("--backend", choices=("xla", "pallas", "triton"), default=None,
-                 help="GDN kernels (default: pallas on a GPU, xla on a CPU, where Pallas runs "
-                      "in slow interpret mode)")
+  _add_kernel_backend(p)
   p.add_argument("--temperature", type=float, default=0.0, metavar="X",
                  help="0 for greedy (default), else seeded sampling")
   p.add_argument("--seed", type=int, default=0, metavar="S",
