@@ -42,7 +42,7 @@ estimate() {
   case $1 in
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;;
-    h_ab) echo 100;; h_read) echo 140;; k_copy|k_copy_triton) echo 240;; k_step) echo 150;;
+    h_ab) echo 100;; h_read) echo 140;; k_copy) echo 330;; k_copy_triton) echo 240;; k_step) echo 150;;
     k_streams|k_streams_triton) echo 240;;
     *) echo 0;;
   esac
@@ -86,7 +86,13 @@ command_of() {
     # 235.8 -> 157.0, fold +36%, decode cycle 1.97x the recurrent decode; since 9c6a6f3 the
     # copy's window stream pipelines three K-steps (verify predicted ~150 us on the H100), and
     # the fold's read-back loads both halves before storing (fold 585 -> 545-555 us on it).
-    k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16\" TAG=${RUN}_copy ROUNDS=1" \
+    # Arm `apart` (session 47): the copy's flush rows folded by the fold kernel, as before
+    # `ssm.FUSE_FOLD_WITH_COPY`; the shipped `copy` folds them in its verify (windows below 128
+    # rows, decode at every size). Predicted as the fp32 checkpoint's fused fold (H200 runs
+    # 19, 24, 25): decode out of phase 5-10% faster fused (H100 B=64: 67.4 -> 61-63 us a step),
+    # in phase 0-6% slower at B=256; the B=64 mixed step faster fused; the kernels even.
+    k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16;apart=.|--checkpoint-copy" \
+      "bfloat16 --set ssm.FUSE_FOLD_WITH_COPY=False\" TAG=${RUN}_copy ROUNDS=1" \
       "BENCH_ARGS=\"--paths recurrent kernels steps decode --batch 64 256 --decode-rings 16" \
       "--reps 10 $extra\" $AB";;
     # k_step: the 30-layer step with the copy (run 45: 9.62 ms span at B=256, peak 18.4 GiB).

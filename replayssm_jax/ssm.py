@@ -115,6 +115,12 @@ FUSE_FOLD_BELOW = {"window": 128, "decode": None, "decode-together": 0}
 # H200 (benchmarks/NOTES.md run 16): the B=1 flush step 23.5 -> 20.2 us (16.4 with the UT form's
 # 32-row programs), a B=1 step without a fold 12.8 -> 10.5, B=16 decode out of phase 31.4 -> 23.8.
 FUSE_FOLD_ONE_KERNEL = True
+# Whether those fused folds also serve a cache that keeps the checkpoint's bf16 copy
+# (`SpecConfig.checkpoint_copy`): a folding program replays into the fp32 checkpoint, rewrites
+# its copy rows from it and verifies from the copy, as `FUSE_FOLD_BELOW` and
+# `FUSE_FOLD_ONE_KERNEL` pick. Without, every step with the copy folds in the fold kernel
+# (H100, run 47: decode B=64 out of phase 67.4 against 61.1 us a step in phase).
+FUSE_FOLD_WITH_COPY = True
 
 
 def init(gdn: GDNConfig, spec: SpecConfig, num_slots: int, *, dtype=jnp.bfloat16) -> SSMCache:
@@ -370,7 +376,7 @@ def _fuses_fold(spec: SpecConfig, q, tuning: KernelTuning, replay_tuning: Kernel
   (`FUSE_FOLD_BELOW`) or the one-kernel forms (`FUSE_FOLD_ONE_KERNEL`), when their programs hold
   whole fold tiles."""
   B, T = q.shape[:2]
-  if spec.checkpoint_copy is not None:  # a fold in the verify would not write the copy
+  if spec.checkpoint_copy is not None and not FUSE_FOLD_WITH_COPY:
     return False
   if replay_form(T, B).startswith("split"):
     kind = "window" if T > 1 else "decode-together" if spec.fold_together else "decode"
@@ -395,8 +401,9 @@ def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, 
   if _fuses_fold(spec, q, tuning, replay_tuning):
     o, ssm, *rings = replay_kernels.fold_and_replay_verify(
         cache.ssm, *rings_of(cache), *window, count, fold_base, fold_tuning=tuning,
-        interpret=interpret_mode(), **verify_args)
-    cache = dataclasses.replace(cache, ssm=ssm)
+        interpret=interpret_mode(), ssm_copy=cache.ssm_copy, **verify_args)
+    ssm, ssm_copy = (ssm, None) if cache.ssm_copy is None else ssm
+    cache = dataclasses.replace(cache, ssm=ssm, ssm_copy=ssm_copy)
   else:  # the rings as `_fold` returns them, which orders the verify's writes after the fold
     cache = _fold(cache, slot_ids, count, fold_base, spec, tuning)
     verify = _kernel(spec, replay_kernels.replay_verify, replay_kernels.replay_verify_reference)

@@ -380,23 +380,32 @@ def test_fold_inside_the_stream(c: Case, first, interpret):
                     form="split", interpret=interpret, fold_first=first)
 
 
-def check_fold_inside(c: Case, inp, *, tuning, fold_tuning, form, interpret, **launch):
+def check_fold_inside(c: Case, inp, *, tuning, fold_tuning, form, interpret, copy=False,
+                      **launch):
   """`fold_and_replay_verify` of ``form`` with the rows of `_flush_some_rows` folding, against
   the fold kernel and then `replay_verify` of the same form: the same checkpoint, outputs and
-  rings, to the bit; the padding row gets zeros and folds nothing."""
+  rings, to the bit; the padding row gets zeros and folds nothing. With ``copy``, both fold
+  into a bf16 checkpoint copy and verify from it; the copy starts unlike the rounded
+  checkpoint, so a verify that read the fp32 rows, or a copy row rewritten that did not fold,
+  would show."""
   (count, fold_base), cursors = _flush_some_rows(inp, c)
   inp = {**inp, **cursors}
   valid = np.asarray(inp["slot_ids"]) >= 0
+  ssm_copy = (1.5 * inp["ssm"]).astype(jnp.bfloat16) if copy else None
   folded = fold.fold(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
                      inp["ring_beta"], inp["slot_ids"], count, fold_base, tuning=fold_tuning,
-                     interpret=interpret)
+                     interpret=interpret, ssm_copy=ssm_copy)
+  folded, folded_copy = folded if copy else (folded, None)
   assert not np.array_equal(bits(folded), bits(inp["ssm"]))  # some rows did fold
-  apart = replay_verify(**{**inp, "ssm": folded}, tuning=tuning, dot_precision=c.precision,
-                        interpret=interpret, form=form)
+  apart = replay_verify(**{**inp, "ssm": folded_copy if copy else folded}, tuning=tuning,
+                        dot_precision=c.precision, interpret=interpret, form=form)
   o, ssm, *rings = fold_and_replay_verify(**inp, fold_count=count, fold_base=fold_base,
                                           tuning=tuning, fold_tuning=fold_tuning,
                                           dot_precision=c.precision, interpret=interpret,
-                                          form=form, **launch)
+                                          form=form, ssm_copy=ssm_copy, **launch)
+  if copy:
+    ssm, ssm_copy = ssm
+    np.testing.assert_array_equal(bits(ssm_copy), bits(folded_copy))
   np.testing.assert_array_equal(bits(ssm), bits(folded))
   np.testing.assert_array_equal(bits(o[valid]), bits(apart[0][valid]))
   np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
@@ -437,6 +446,20 @@ def test_fold_inside_one_kernel(c: Case, form, tiles, interpret):
   check_fold_inside(c, make_inputs(c, seed=3), tuning=KernelTuning(block_v=c.block_v, num_warps=2),
                     fold_tuning=KernelTuning(block_v=c.block_v // tiles, num_warps=2, k_chunk=16),
                     form=form, interpret=interpret)
+
+
+@pytest.mark.parametrize("form", ["split", "vec", "ut"])
+@pytest.mark.parametrize("c", FUSED_CASES, ids=[c.id for c in FUSED_CASES])
+def test_fold_inside_writes_the_copy(c: Case, form, interpret):
+  """With the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`), the verify that folds
+  replays into the fp32 checkpoint, rewrites the folded rows' copy and reads the copy: the
+  bits of the fold kernel with the copy and then the verify of the copy
+  (`check_fold_inside`), in the split form's stream (folding rows first) and in one kernel."""
+  if form == "ut" and c.T == 1:
+    pytest.skip("the UT form is for windows")
+  check_fold_inside(c, make_inputs(c, seed=4), tuning=KernelTuning(block_v=c.block_v, num_warps=2),
+                    fold_tuning=KernelTuning(block_v=c.block_v // 2, num_warps=2, k_chunk=16),
+                    form=form, interpret=interpret, copy=True)
 
 
 def test_fused_cases_permute_the_rows():

@@ -284,16 +284,25 @@ def test_checkpoint_copy_schedules(T, L, backend):
   run()
 
 
+@pytest.mark.parametrize("stream_fold", [True, False], ids=["stream_fold", "fold_kernel"])
 @pytest.mark.parametrize("T,L,decode_share", [(4, 16, 0.3), (1, 2, 1.0)])
-def test_checkpoint_copy_wide_batches(T, L, decode_share, backend):
+def test_checkpoint_copy_wide_batches(T, L, decode_share, stream_fold, backend, monkeypatch,
+                                      request):
   """The split form (windows from 16 rows, decode from 64) reading the copy: its stream's
-  checkpoint dot in bf16 (`replay_split`), the flush rows folded by the fold kernel."""
+  checkpoint dot in bf16 (`replay_split`), the flush rows folded in its stream, which rewrites
+  their copy rows, or by the fold kernel before it (`ssm.FUSE_FOLD_WITH_COPY`)."""
+  if backend != "pallas" and not stream_fold:
+    pytest.skip("only the Pallas split form folds in its stream")
+  monkeypatch.setattr(ssm, "FUSE_FOLD_WITH_COPY", stream_fold)
+  jax.clear_caches()  # the knob is read at trace time: no step traced under the other value
+  request.addfinalizer(jax.clear_caches)
   B = SPLIT_MIN_BATCH["decode" if decode_share == 1.0 else "window"]
   rng = np.random.default_rng(T + 7)
   pair = Pair.create(T, L, backend, rng, gdn=GDN_WIDE, checkpoint_copy=jnp.bfloat16)
   spec, V = pair.rep_spec, GDN_WIDE.head_v_dim
-  assert not ssm._fuses_fold(spec, jnp.zeros((B, T)), ssm.default_state_tuning(spec, V),
-                             ssm.default_replay_tuning(spec, V, T, B))
+  if backend == "pallas":
+    assert ssm._fuses_fold(spec, jnp.zeros((B, T)), ssm.default_state_tuning(spec, V),
+                           ssm.default_replay_tuning(spec, V, T, B)) is stream_fold
   _drive_wide(pair, B, T, decode_share, rng)
 
 

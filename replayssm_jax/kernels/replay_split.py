@@ -341,6 +341,9 @@ class StreamFold(NamedTuple):
   loop: fold_kernels.FoldLoop
   first: bool  # launch the folding rows' programs first (`STREAM_FOLD_FIRST`)
   compiled: bool
+  # The stream reads the checkpoint's copy (`SpecConfig.checkpoint_copy`): the fold replays
+  # into the fp32 checkpoint, an input of its own, and rewrites the copy's tile from it.
+  copy: bool = False
 
 
 class CoefficientLaunch(NamedTuple):
@@ -374,14 +377,17 @@ class _EpilogueInputs(NamedTuple):
 def _stream_kernel(
     slot_ids_ref, write_pos_ref, cache_base_ref,  # [B] int32
     v_ref,  # [B, T, HV, V] activation
-    ssm_in_ref,  # [slots, HV, V, K] f32: read only, or aliased with ssm_out (with `fold`)
+    ssm_in_ref,  # [slots, HV, V, K] f32 or its bf16 copy, as read: read only, or aliased
+    # with ssm_out (with `fold`)
     x_ref, xs_ref, zh_ref, zt_ref, eq_ref,  # the coefficients kernel's scratch
     ring_d_ref,  # [slots, HV, L, V] ring dtype (aliased with ring_d_out_ref)
     ring_rawv_ref,  # [slots, HV, L, V] activation (aliased; not read)
     *refs,  # with `fold`: fold_count, fold_base [B] int32, ring_rawk, ring_g, ring_beta
+    # (, the fp32 checkpoint with `fold.copy`, aliased with checkpoint_out)
     # (, row_order [B] int32 with `fold.first`: then the [B] row arrays, slot_ids to
     # fold_base, are in launch order, `tile_program`'s pos)
     # outputs: o [B, T, HV, V] activation, ring_d_out, ring_rawv_out (, ssm_out with `fold`)
+    # (, checkpoint_out with `fold.copy`)
     T: int, L: int, gqa_ratio: int, block_v: int, k_chunk: int, precision_k, precision_l,
     precision_t, fold: StreamFold | None, early: str):
   """One program per ``[block_v, K]`` checkpoint tile of a (row, value head). ``early``: what
@@ -391,9 +397,14 @@ def _stream_kernel(
   if fold is not None:
     fold_count_ref, fold_base_ref, ring_rawk_ref, ring_g_ref, ring_beta_ref = (
         refs.pop(0) for _ in range(5))
+    if fold.copy:
+      refs.pop(0)  # the fp32 checkpoint's input: the same buffer as its output
   row_order_ref = refs.pop(0) if fold is not None and fold.first else None
   o_ref, ring_d_out_ref, ring_rawv_out_ref, *ssm_out = refs
   ssm_ref = ssm_out[0] if fold is not None else ssm_in_ref
+  # What the fold replays into: the checkpoint the stream reads, or the fp32 one behind its copy.
+  copied = fold is not None and fold.copy
+  fold_ref, copy_ref = (ssm_out[1], ssm_ref) if copied else (ssm_ref, None)
   p = tile_program(slot_ids_ref, o_ref, T=T, gqa_ratio=gqa_ratio, block_v=block_v,
                    row_order_ref=row_order_ref)
   row, pos, h, kh, slot, vs, tok = p.row, p.pos, p.h, p.kh, p.slot, p.vs, p.tok
@@ -405,9 +416,10 @@ def _stream_kernel(
     write_pos, cache_base = write_pos_ref[pos], cache_base_ref[pos]
     if fold is not None:
       fold_kernels.fold_before_read(
-          ssm_ref, ring_rawk_ref, ring_rawv_out_ref, ring_g_ref, ring_beta_ref, loop=fold.loop,
+          fold_ref, ring_rawk_ref, ring_rawv_out_ref, ring_g_ref, ring_beta_ref, loop=fold.loop,
           count=fold_count_ref[pos], rows=block_v, compiled=fold.compiled,
-          first_row=p.j * block_v, slot=slot, h=h, kh=kh, base=fold_base_ref[pos], ring_len=L)
+          first_row=p.j * block_v, slot=slot, h=h, kh=kh, base=fold_base_ref[pos], ring_len=L,
+          copy_ref=copy_ref)
 
     def epilogue_inputs():  # everything the epilogue reads, as loaded
       valid, _ = history_mask(write_pos, cache_base, L)
@@ -551,7 +563,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                                  COEFFICIENT_LOADS_FIRST),
                              coefficient_history_scan: bool | None = None,
                              coefficient_reciprocal_norms: bool | None = None,
-                             coefficient_window_mma: bool | None = None):
+                             coefficient_window_mma: bool | None = None,
+                             ssm_copy: jax.Array | None = None):
   """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
   `replay_verify_split`, with the fold inside the stream kernel.
 
@@ -564,7 +577,10 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   updated in place. ``fold_first`` (default `STREAM_FOLD_FIRST`): the folding rows' programs
   launched first (`launch_order.fold_first_order_pallas`);
   ``fold_prefetch_records_to`` (default `STREAM_FOLD_PREFETCH_RECORDS_TO`): the cache level
-  a folding program prefetches its records to, or "off". The same bits.
+  a folding program prefetches its records to, or "off". The same bits. With ``ssm_copy``
+  (the checkpoints' bf16 copy, `SpecConfig.checkpoint_copy`; aliased), a folding program
+  also rewrites its copy tile (`fold.fold_rows`) and the stream reads the copy, as
+  `replay_verify_split` of the copy after `fold.fold` with it.
 
   The bitwise tie: rows are independent, but the order of each sum over K follows how Triton
   lays a ``[fold_block_v, k_chunk]`` chunk over the program's threads. The default,
@@ -574,7 +590,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
   `bench.sweep` checks it.
 
   Returns:
-    ``(o, ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``.
+    ``(o, ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)``, with ``ssm_copy``
+    the pair ``(ssm, ssm_copy)`` in ``ssm``'s place.
   """
   fold_block_v = fold_block_v or stream_fold_block_v(tuning, fold_tuning)
   if fold_block_v < 1 or tuning.block_v % fold_block_v:
@@ -587,7 +604,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
       prefetch_records_to=fold_kernels.records_level(fold_prefetch_records_to,
                                                      STREAM_FOLD_PREFETCH_RECORDS_TO))
   fold = StreamFold(loop=loop, first=STREAM_FOLD_FIRST if fold_first is None else fold_first,
-                    compiled=not interpret)
+                    compiled=not interpret, copy=ssm_copy is not None)
+  checkpoint, ssm = (ssm, ssm_copy) if fold.copy else (None, ssm)
   o, ssm, rings = _split(ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv),
                          (q, k, v, a, b, A_log, dt_bias), (slot_ids, write_pos, cache_base),
                          (fold_count, fold_base), tuning=tuning, fold=fold,
@@ -596,7 +614,7 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
                              coefficients, coefficient_warps, coefficient_inline,
                              coefficient_key_mma, coefficient_loads_first,
                              coefficient_history_scan, coefficient_reciprocal_norms,
-                             coefficient_window_mma))
+                             coefficient_window_mma), checkpoint=checkpoint)
   return o, ssm, *rings
 
 
@@ -619,9 +637,11 @@ def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
 
 def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
            fold: StreamFold | None, dot_precision: str, interpret: bool,
-           launch: CoefficientLaunch):
-  """The coefficients, then the stream launch(es); ``fold_rows = (fold_count, fold_base)``
-  with ``fold``, else None. Returns ``(o, ssm, rings)``."""
+           launch: CoefficientLaunch, checkpoint=None):
+  """The coefficients, then the stream launch(es) reading ``ssm``; ``fold_rows = (fold_count,
+  fold_base)`` with ``fold``, else None; with ``fold.copy``, ``ssm`` is the copy and
+  ``checkpoint`` the fp32 checkpoint the fold replays into. Returns ``(o, ssm, rings)``, with
+  ``fold.copy`` ``(o, (checkpoint, ssm), rings)``."""
   ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv = rings
   q, _, v = window[:3]
   slot_ids = cursors[0]
@@ -642,13 +662,17 @@ def _split(ssm, rings, window, cursors, fold_rows, *, tuning: KernelTuning,
     o, ring_d, ring_rawv = stream(cursors, ssm, ring_d, ring_rawv)
   else:  # the stream launch that folds
     fold_inputs, row_cursors, row_folds = (ring_rawk, ring_g, ring_beta), cursors, fold_rows
+    if fold.copy:
+      fold_inputs += (checkpoint,)
     if fold.first:  # the row arrays in launch order (`tile_program`)
       order, *in_order = fold_first_order_pallas(fold_rows[0], slot_ids, *cursors, *fold_rows,
                                                  interpret=interpret)
       row_cursors, row_folds = in_order[:len(cursors)], in_order[len(cursors):]
       fold_inputs += (order,)
-    o, ring_d, ring_rawv, ssm = stream(row_cursors, ssm, ring_d, ring_rawv, fold=fold,
-                                       fold_rows=row_folds, fold_inputs=fold_inputs)
+    o, ring_d, ring_rawv, ssm, *folded = stream(row_cursors, ssm, ring_d, ring_rawv, fold=fold,
+                                                fold_rows=row_folds, fold_inputs=fold_inputs)
+    if fold.copy:
+      ssm = (folded[0], ssm)
   return o, ssm, (ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv)
 
 
@@ -708,9 +732,10 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
             fold_rows=(), fold_inputs=()):
   """One launch of `_stream_kernel`; ``ring_d``, ``ring_rawv`` (and with ``fold`` ``ssm``)
   updated in place. With ``fold``: ``fold_rows = (fold_count, fold_base)`` and ``fold_inputs
-  = (ring_rawk, ring_g, ring_beta)``, with ``fold.first`` and the rows' launch order, in which
-  ``cursors`` and ``fold_rows`` then come (`tile_program`). Returns ``(o, ring_d,
-  ring_rawv)``, and ``ssm`` last with ``fold``."""
+  = (ring_rawk, ring_g, ring_beta)``, then with ``fold.copy`` the fp32 checkpoint behind
+  ``ssm``, the copy (updated in place), then with ``fold.first`` the rows' launch order, in
+  which ``cursors`` and ``fold_rows`` then come (`tile_program`). Returns ``(o, ring_d,
+  ring_rawv)``, then ``ssm`` with ``fold``, then the checkpoint with ``fold.copy``."""
   B, _, HV, V = v.shape
   K = ssm.shape[-1]
   kc = min(tuning.k_chunk, K)
@@ -719,9 +744,13 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
   first_ring = len(cursors) + 2 + len(scratch)
   aliases = {first_ring: 1, first_ring + 1: 2}  # ring_d, ring_rawv
   out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (v, ring_d, ring_rawv)]
-  if fold is not None:  # the folded checkpoint is a fourth output, in place
+  if fold is not None:  # the folded checkpoint (or copy) is a fourth output, in place
     aliases[len(cursors) + 1] = 3
     out_shape.append(jax.ShapeDtypeStruct(ssm.shape, ssm.dtype))
+  if fold is not None and fold.copy:  # and the fp32 checkpoint behind the copy a fifth
+    checkpoint = fold_inputs[3]
+    aliases[first_ring + 2 + len(fold_rows) + 3] = 4
+    out_shape.append(jax.ShapeDtypeStruct(checkpoint.shape, checkpoint.dtype))
   return pl.pallas_call(
       functools.partial(_stream_kernel, block_v=tuning.block_v, k_chunk=kc,
                         precision_k=mma(dot_precision, kc),
