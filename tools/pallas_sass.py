@@ -103,18 +103,18 @@ def call(kernel: str, B: int, T: int, L: int, *, copy: bool = False, tuning=None
   replay = [x[n] for n in ("ssm", "ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk",
                             "ring_rawv", "q", "k", "v", "a", "b", "A_log", "dt_bias",
                             "slot_ids", "write_pos", "cache_base")]
-  if copy and kernel == "fold_replay_verify":
-    raise ValueError("the split form's stream folds no row with a checkpoint copy (ssm.py).")
-  if copy:
-    replay[0] = ssm_copy
   if kernel == "replay_verify":
     return (functools.partial(kern.replay_verify, tuning=replay_tuning,
-                              dot_precision="default", **kw), replay)
-  if kernel == "fold_replay_verify":  # the split form's stream folding the flush rows first
-    return (functools.partial(replay_split.fold_replay_verify_split,
-                              tuning=replay_tuning, fold_tuning=kern.state_tuning(V),
                               dot_precision="default", **kw),
-            [*replay, x["count"], x["cache_base"]])
+            [ssm_copy, *replay[1:]] if copy else replay)
+  if kernel == "fold_replay_verify":  # the split form's stream folding the flush rows first
+    fold_verify = functools.partial(replay_split.fold_replay_verify_split,
+                                    tuning=replay_tuning, fold_tuning=kern.state_tuning(V),
+                                    dot_precision="default", **kw)
+    args = [*replay, x["count"], x["cache_base"]]
+    if copy:  # it folds into the fp32 checkpoint and streams the copy
+      return (lambda *a: fold_verify(*a[:-1], ssm_copy=a[-1])), [*args, ssm_copy]
+    return fold_verify, args
   raise ValueError(f"kernel={kernel!r}; expected one of {KERNELS}.")
 
 

@@ -79,8 +79,10 @@ class FoldLoop(NamedTuple):
   normalised when loaded (``normalize_ahead``) or where used, and the order of a record's
   loads (``record_order``, a permutation of `RECORD_LOADS` with the norm after k), and the
   cache level a program prefetches its records to when it starts (``prefetch_records_to``,
-  `prefetch.LEVELS` or None; compiled only). The fold kernel, the split form's stream and the
-  one-kernel verify forms each hold one.
+  `prefetch.LEVELS` or None; compiled only). With a checkpoint copy, the folded tile is read
+  back for it in halves, both loaded before the first store (``copy_halves_first``: one L2
+  round trip, not two) or each stored before the next loads (fewer registers). The fold
+  kernel, the split form's stream and the one-kernel verify forms each hold one.
   """
 
   block_v: int
@@ -91,6 +93,7 @@ class FoldLoop(NamedTuple):
   prefetch_at: str = "start"
   record_order: tuple[str, ...] = RECORD_LOADS
   prefetch_records_to: str | None = None
+  copy_halves_first: bool = True
 
 
 def records_level(prefetch_records_to: str | None, default: str) -> str | None:
@@ -113,7 +116,8 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
               rows: pl.Slice | tuple[pl.Slice, ...], count, base, ring_len: int, k_chunk: int,
               prefetch: bool, compiled: bool, normalize_ahead: bool = False,
               prefetch_at: str = "start", record_order: tuple[str, ...] = RECORD_LOADS,
-              prefetch_records_to: str | None = None, copy_ref=None) -> None:
+              prefetch_records_to: str | None = None, copy_ref=None,
+              copy_halves_first: bool = True) -> None:
   """Replay ``count`` records of (slot, value head h) into ``ssm_ref[slot, h, rows, :]`` in place.
 
   The canonical fold of one ``[BV, K]`` checkpoint tile (``BV`` = the length of ``rows``),
@@ -125,7 +129,8 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
   ``normalize_ahead``, when it is loaded. ``prefetch_at`` (`PREFETCH_ATS`): whether record
   i + 1 is loaded before record i's update ("start") or after it ("end"). ``record_order``
   and ``prefetch_records_to``: as `FoldLoop`'s. ``copy_ref``: the checkpoint copy
-  (`SpecConfig.checkpoint_copy`), given the folded tile rounded to its dtype.
+  (`SpecConfig.checkpoint_copy`), given the folded tile rounded to its dtype, read back as
+  ``copy_halves_first`` (`FoldLoop`) says.
   """
   K = ssm_ref.shape[-1]
   tiles = rows if isinstance(rows, tuple) else (rows,)
@@ -189,14 +194,21 @@ def fold_rows(ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref, 
     # lay the loop out anew (sm_90: K=128 364 -> 381 loop instructions; K=16, V=64: 8 -> 5
     # shuffles, and on an H100 the folded state 1 ulp off the recurrent one), which the
     # bitwise tie with the recurrent kernels' layout cannot take.
-    # Every half is loaded before the first store: the compiler cannot tell the copy from
-    # the checkpoint, so a load after a store waits for it (sm_90: two L2 round trips, not one).
+    # With `copy_halves_first` every half is loaded before the first store: the compiler
+    # cannot tell the copy from the checkpoint, so a load after a store waits for it (sm_90:
+    # two L2 round trips, not one). It holds the whole tile in registers at once, which the
+    # verify forms that fold, whose programs stream after it, cannot spare (sm_90, the decode
+    # stream with the copy: 128 -> 163 registers, 4 -> 3 programs an SM).
     if compiled:  # the program's threads read what its other threads stored
       pltriton.debug_barrier()
     halves = [pl.ds(r.start + i * (r.size // 2), r.size // 2) for r in tiles for i in (0, 1)]
-    stored = [ssm_ref[slot, h, rows, :] for rows in halves]
-    for rows, x in zip(halves, stored):
-      copy_ref[slot, h, rows, :] = x.astype(copy_ref.dtype)
+    if copy_halves_first:
+      stored = [ssm_ref[slot, h, rows, :] for rows in halves]
+      for rows, x in zip(halves, stored):
+        copy_ref[slot, h, rows, :] = x.astype(copy_ref.dtype)
+    else:
+      for rows in halves:
+        copy_ref[slot, h, rows, :] = ssm_ref[slot, h, rows, :].astype(copy_ref.dtype)
 
 
 def fold_tiles(ssm_ref, *rings, loop: FoldLoop, first_row, tiles: int, **kw) -> None:
@@ -205,7 +217,8 @@ def fold_tiles(ssm_ref, *rings, loop: FoldLoop, first_row, tiles: int, **kw) -> 
   arguments (slot, h, kh, count, base, ring_len, compiled)."""
   kw.update(k_chunk=loop.k_chunk, prefetch=loop.prefetch, normalize_ahead=loop.normalize_ahead,
             prefetch_at=loop.prefetch_at, record_order=loop.record_order,
-            prefetch_records_to=loop.prefetch_records_to)
+            prefetch_records_to=loop.prefetch_records_to,
+            copy_halves_first=loop.copy_halves_first)
   tile_rows = lambda t: pl.ds(first_row + t * loop.block_v, loop.block_v)
   if loop.interleave:
     fold_rows(ssm_ref, *rings, rows=tuple(tile_rows(t) for t in range(tiles)), **kw)

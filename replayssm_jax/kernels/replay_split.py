@@ -602,7 +602,8 @@ def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, 
       prefetch=STREAM_FOLD_PREFETCH if prefetch is None else prefetch,
       interleave=STREAM_FOLD_INTERLEAVE if fold_interleave is None else fold_interleave,
       prefetch_records_to=fold_kernels.records_level(fold_prefetch_records_to,
-                                                     STREAM_FOLD_PREFETCH_RECORDS_TO))
+                                                     STREAM_FOLD_PREFETCH_RECORDS_TO),
+      copy_halves_first=False)  # the stream's registers (`fold.FoldLoop`)
   fold = StreamFold(loop=loop, first=STREAM_FOLD_FIRST if fold_first is None else fold_first,
                     compiled=not interpret, copy=ssm_copy is not None)
   checkpoint, ssm = (ssm, ssm_copy) if fold.copy else (None, ssm)

@@ -468,7 +468,8 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
                                  prefetch=ONE_KERNEL_FOLD_PREFETCH,
                                  interleave=ONE_KERNEL_FOLD_INTERLEAVE,
                                  normalize_ahead=ONE_KERNEL_FOLD_NORMALIZE_AHEAD,
-                                 prefetch_at=ONE_KERNEL_FOLD_PREFETCH_AT)
+                                 prefetch_at=ONE_KERNEL_FOLD_PREFETCH_AT,
+                                 copy_halves_first=False)  # registers (`fold.FoldLoop`)
     o, *out = _replay_verify_call(
         *args, (fold_count, fold_base), None if ssm_copy is None else ssm, tuning=tuning,
         dot_precision=dot_precision, interpret=interpret, form=form, fold=fold)
