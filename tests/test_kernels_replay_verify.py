@@ -502,6 +502,14 @@ def test_fold_inside_the_stream_validation():
     call(fold_count=count, fold_tuning=KernelTuning(block_v=8, num_warps=1), form="ut")
   with pytest.raises(ValueError, match=r"fold_count is float32\[4\]; expected int32\[4\]"):
     call(fold_count=count.astype(jnp.float32), fold_tuning=KernelTuning(block_v=8), form="split")
+  with pytest.raises(ValueError, match=r"ssm_copy is float32\[6, 4, 32, 32\]; expected "
+                     r"bfloat16\[6, 4, 32, 32\] \(the fp32 checkpoints and their bf16 copy\)"):
+    call(fold_count=count, fold_tuning=KernelTuning(block_v=8), form="split",
+         ssm_copy=inp["ssm"])
+  with pytest.raises(ValueError,
+                     match=r"ssm is float32\[6, 4, 32, 32\]; expected float32\[6, 4, 32, 16\]"):
+    call(fold_count=count, fold_tuning=KernelTuning(block_v=8), form="split",
+         ssm_copy=inp["ssm"][..., :16].astype(jnp.bfloat16))
   with pytest.raises(ValueError, match="multiple of the fold's block_v=32"):
     replay_split.fold_replay_verify_split(
         **inp, fold_count=count, fold_base=fold_base, tuning=KernelTuning(block_v=16),
