@@ -749,8 +749,8 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
     aliases[len(cursors) + 1] = 3
     out_shape.append(jax.ShapeDtypeStruct(ssm.shape, ssm.dtype))
   if fold is not None and fold.copy:  # and the fp32 checkpoint behind the copy a fifth
-    checkpoint = fold_inputs[3]
-    aliases[first_ring + 2 + len(fold_rows) + 3] = 4
+    at = first_ring + 2 + len(fold_rows) + 3  # after ring_rawk, ring_g and ring_beta
+    checkpoint, aliases[at] = inputs[at], 4
     out_shape.append(jax.ShapeDtypeStruct(checkpoint.shape, checkpoint.dtype))
   return pl.pallas_call(
       functools.partial(_stream_kernel, block_v=tuning.block_v, k_chunk=kc,
