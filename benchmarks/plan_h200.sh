@@ -92,7 +92,7 @@ command_of() {
     # 19, 24, 25): decode out of phase 5-10% faster fused (H100 B=64: 67.4 -> 61-63 us a step),
     # in phase 0-6% slower at B=256; the B=64 mixed step faster fused; the kernels even.
     k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16;apart=.|--checkpoint-copy" \
-      "bfloat16 --set ssm.FUSE_FOLD_WITH_COPY=False\" TAG=${RUN}_copy ROUNDS=1" \
+      "bfloat16 --set ssm.FUSE_FOLD_WITH_COPY={'window':False,'decode':False,'decode-together':False}\" TAG=${RUN}_copy ROUNDS=1" \
       "BENCH_ARGS=\"--paths recurrent kernels steps decode --batch 64 256 --decode-rings 16" \
       "--reps 10 $extra\" $AB";;
     # k_step: the 30-layer step with the copy (run 45: 9.62 ms span at B=256, peak 18.4 GiB).

@@ -115,12 +115,14 @@ FUSE_FOLD_BELOW = {"window": 128, "decode": None, "decode-together": 0}
 # H200 (benchmarks/NOTES.md run 16): the B=1 flush step 23.5 -> 20.2 us (16.4 with the UT form's
 # 32-row programs), a B=1 step without a fold 12.8 -> 10.5, B=16 decode out of phase 31.4 -> 23.8.
 FUSE_FOLD_ONE_KERNEL = True
-# Whether those fused folds also serve a cache that keeps the checkpoint's bf16 copy
-# (`SpecConfig.checkpoint_copy`): a folding program replays into the fp32 checkpoint, rewrites
-# its copy rows from it and verifies from the copy, as `FUSE_FOLD_BELOW` and
-# `FUSE_FOLD_ONE_KERNEL` pick. Without, every step with the copy folds in the fold kernel
-# (H100, run 47: decode B=64 out of phase 67.4 against 61.1 us a step in phase).
-FUSE_FOLD_WITH_COPY = True
+# By kind of step, whether the split form's stream folds for a cache that keeps the
+# checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`), where `FUSE_FOLD_BELOW` picks: a
+# folding program replays into the fp32 checkpoint, rewrites its copy rows from it and streams
+# the copy; else (and in the one-kernel forms) the fold kernel folds. H100 (run 48, fused
+# against apart): decode cycles 3-5% faster fused (B=256 in phase 183.1 against 189.8 us a
+# step, out of phase 189.5 against 195.9; B=64 out of phase 64.4 against 67.4); windows slower
+# (B=64, every row folding 239.3 against 204.0 us, mixed 114.6 against 108.0).
+FUSE_FOLD_WITH_COPY = {"window": False, "decode": True, "decode-together": True}
 
 
 def init(gdn: GDNConfig, spec: SpecConfig, num_slots: int, *, dtype=jnp.bfloat16) -> SSMCache:
@@ -376,14 +378,14 @@ def _fuses_fold(spec: SpecConfig, q, tuning: KernelTuning, replay_tuning: Kernel
   (`FUSE_FOLD_BELOW`) or the one-kernel forms (`FUSE_FOLD_ONE_KERNEL`), when their programs hold
   whole fold tiles."""
   B, T = q.shape[:2]
-  if spec.checkpoint_copy is not None and not FUSE_FOLD_WITH_COPY:
+  kind = "window" if T > 1 else "decode-together" if spec.fold_together else "decode"
+  if spec.checkpoint_copy is not None and not FUSE_FOLD_WITH_COPY[kind]:
     return False
   if replay_form(T, B).startswith("split"):
-    kind = "window" if T > 1 else "decode-together" if spec.fold_together else "decode"
     below = FUSE_FOLD_BELOW[kind]
     fuse = below is None or B < below
-  else:
-    fuse = FUSE_FOLD_ONE_KERNEL
+  else:  # not with the copy (`replay_verify.fold_and_replay_verify`)
+    fuse = FUSE_FOLD_ONE_KERNEL and spec.checkpoint_copy is None
   return (fuse and spec.backend == "pallas"
           and replay_split.stream_fold_block_v(replay_tuning, tuning) > 0)
 

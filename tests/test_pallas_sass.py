@@ -127,3 +127,54 @@ def test_the_fold_writing_a_copy_keeps_its_loop(K, V, tmp_path):
   tail = with_copy["sass"].split("BAR.SYNC")[-1]
   memory = re.findall(r"\b(LDG|STG)\.", tail)
   assert "STG" in memory and "LDG" not in memory[memory.index("STG"):], memory
+
+
+def _record_loop_mix(report) -> dict[str, int]:
+  """The arithmetic and shuffles of a kernel's innermost loop that shuffles: a fold's record
+  loop (a verify that folds has its K-loop and tile loop besides)."""
+  kept = ("FFMA", "FMUL", "FADD", "SHFL.BFLY", "MUFU.RSQ", "MUFU.EX2")
+  loops = [l for l in report["loops"] if any(op == "SHFL.BFLY" for op, _ in l["mix"])]
+  return {op: n for op, n in min(loops, key=lambda l: l["size"])["mix"] if op in kept}
+
+
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("K, V", FOLD_GEOMETRIES[:2], ids=[f"K{k}-V{v}" for k, v in FOLD_GEOMETRIES[:2]])
+def test_the_stream_folding_with_a_copy_keeps_the_fold_loop(K, V, T, tmp_path):
+  """The split form's stream that folds and then reads the checkpoint's bf16 copy
+  (`ssm.FUSE_FOLD_WITH_COPY`) replays records with the fold kernel's record loop: the same
+  arithmetic and shuffles. Its bf16 K-chunks as wide as the fold's fp32 chunks lent the fold
+  their layout at K=16, V=64 (8 -> 5 shuffles; on an H100 the folded state 1 ulp off the
+  recurrent one, NOTES.md session 47), which `replay_split._stream` now avoids."""
+  pytest.importorskip("triton")
+  import jax
+  import jax.numpy as jnp
+
+  from replayssm_jax import SpecConfig, ssm
+  from replayssm_jax.kernels import fold, replay_split
+  from replayssm_jax.kernels.backend import layer_shapes
+
+  B = 16
+  x = layer_shapes(H=1, HV=2, K=K, V=V, T=T, L=16, slots=B, B=B, act=jnp.bfloat16,
+                   ring=jnp.bfloat16)
+  spec = SpecConfig(backend="pallas", checkpoint_copy=jnp.bfloat16)
+  state_tuning = ssm.default_state_tuning(spec, V)
+  copy = jax.ShapeDtypeStruct(x["ssm"].shape, jnp.bfloat16)
+
+  def compiled(fn, fn_args, prefix):
+    [module] = [m for m in pallas_sass.triton_modules(fn, fn_args)
+                if m["name"].startswith(prefix)]
+    return pallas_sass.compile_sm90(module, tmp_path)
+
+  fold_args = [x[n] for n in ("ssm", "ring_rawk", "ring_rawv", "ring_g", "ring_beta",
+                              "slot_ids", "count", "cache_base")]
+  fold_kernel = compiled(lambda *a: fold.fold(*a, tuning=state_tuning, interpret=False),
+                         fold_args, "exact_fold")
+  replay = [x[n] for n in ("ssm", "ring_d", "ring_k", "ring_g", "ring_beta", "ring_rawk",
+                           "ring_rawv", "q", "k", "v", "a", "b", "A_log", "dt_bias",
+                           "slot_ids", "write_pos", "cache_base", "count", "cache_base")]
+  stream = compiled(
+      lambda *a: replay_split.fold_replay_verify_split(
+          *a[:-1], tuning=ssm.default_replay_tuning(spec, V, T, B), fold_tuning=state_tuning,
+          dot_precision="default", interpret=False, ssm_copy=a[-1]),
+      [*replay, copy], "replay_stream")
+  assert _record_loop_mix(stream) == _record_loop_mix(fold_kernel)

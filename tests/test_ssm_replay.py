@@ -293,7 +293,8 @@ def test_checkpoint_copy_wide_batches(T, L, decode_share, stream_fold, backend, 
   their copy rows, or by the fold kernel before it (`ssm.FUSE_FOLD_WITH_COPY`)."""
   if backend != "pallas" and not stream_fold:
     pytest.skip("only the Pallas split form folds in its stream")
-  monkeypatch.setattr(ssm, "FUSE_FOLD_WITH_COPY", stream_fold)
+  monkeypatch.setattr(ssm, "FUSE_FOLD_WITH_COPY", dict.fromkeys(ssm.FUSE_FOLD_WITH_COPY,
+                                                                stream_fold))
   jax.clear_caches()  # the knob is read at trace time: no step traced under the other value
   request.addfinalizer(jax.clear_caches)
   B = SPLIT_MIN_BATCH["decode" if decode_share == 1.0 else "window"]

@@ -740,6 +740,11 @@ def _stream(v, scratch, cursors, ssm, ring_d, ring_rawv, *, tuning: KernelTuning
   B, _, HV, V = v.shape
   K = ssm.shape[-1]
   kc = min(tuning.k_chunk, K)
+  if fold is not None and fold.copy and kc == min(fold.loop.k_chunk, K) and kc >= 16:
+    # Chunks of the bf16 copy as wide as the fold's fp32 chunks lend the fold their layout
+    # (sm_90, K=16, V=64: the record loop's K-sums 8 -> 5 shuffles, and on an H100 the folded
+    # state 1 ulp off the recurrent one, NOTES.md session 47); half as wide, they do not.
+    kc //= 2
   mma = functools.partial(mma_algorithm, interpret=interpret)
   inputs = [*cursors, v, ssm, *scratch, ring_d, ring_rawv, *fold_rows, *fold_inputs]
   first_ring = len(cursors) + 2 + len(scratch)

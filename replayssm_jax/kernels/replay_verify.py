@@ -268,30 +268,25 @@ ONE_KERNEL_FOLD_PREFETCH_AT = "start"
 _INPUTS, _SSM = 17, 10  # the verify kernels' inputs (slot_ids to ring_rawv); ssm's place
 
 
-def _fold_first_kernel(*refs, verify_kernel, fold: fold_kernels.FoldLoop, compiled: bool,
-                       copy: bool, **kw):
+def _fold_first_kernel(*refs, verify_kernel, fold: fold_kernels.FoldLoop, compiled: bool, **kw):
   """``verify_kernel`` (the UT or the vector form) on checkpoint tiles it first folds in place.
 
-  ``refs``: the verify kernel's inputs, then fold_count and fold_base ``[B]`` int32 (and with
-  ``copy`` the fp32 checkpoint), its outputs, then the checkpoint it reads (aliased with the
-  input ``ssm``; and with ``copy``, ``ssm`` being the checkpoint's bf16 copy, the fp32 one,
-  aliased). A row with ``fold_count > 0`` replays that many records from ring index
-  ``fold_base`` into the program's ``[BV, K]`` rows (`fold.fold_before_read`; with ``copy``
-  into the fp32 rows, rewriting the copy's) before the verify reads them: one launch and one
-  read of the checkpoint, in place of a fold kernel and then the verify.
+  ``refs``: the verify kernel's inputs, then fold_count and fold_base ``[B]`` int32, its
+  outputs, then the checkpoint (aliased with the input ``ssm``). A row with ``fold_count > 0``
+  replays that many records from ring index ``fold_base`` into the program's ``[BV, K]`` rows
+  (`fold.fold_before_read`) before the verify reads them: one launch and one read of the
+  checkpoint, in place of a fold kernel and then the verify.
   """
-  n_in, n_states = _INPUTS + 2 + copy, 1 + copy  # the fp32 checkpoint's input is not read
   ins, (fold_count_ref, fold_base_ref) = refs[:_INPUTS], refs[_INPUTS:_INPUTS + 2]
-  outs, (ssm_ref, *checkpoint) = refs[n_in:-n_states], refs[-n_states:]
-  fold_ref, copy_ref = (checkpoint[0], ssm_ref) if copy else (ssm_ref, None)
+  outs, ssm_ref = refs[_INPUTS + 2:-1], refs[-1]
   slot_ids_ref, *_, ring_g_ref, ring_beta_ref, ring_rawk_ref, ring_rawv_ref = ins
   row, h, j = row_ids()
   slot, block_v = slot_ids_ref[row], kw["block_v"]
   fold_kernels.fold_before_read(
-      fold_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
+      ssm_ref, ring_rawk_ref, ring_rawv_ref, ring_g_ref, ring_beta_ref,
       loop=fold, count=jnp.where(slot >= 0, fold_count_ref[row], 0), rows=block_v,
       compiled=compiled, first_row=j * block_v, slot=slot, h=h, kh=h // kw["gqa_ratio"],
-      base=fold_base_ref[row], ring_len=kw["L"], copy_ref=copy_ref)
+      base=fold_base_ref[row], ring_len=kw["L"])
   verify_kernel(*ins[:_SSM], ssm_ref, *ins[_SSM + 1:], *outs, **kw)
 
 
@@ -334,19 +329,17 @@ def _check_inputs(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                                              "fold"))
 def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                         q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
-                        fold_rows=None, checkpoint=None, *, tuning: KernelTuning,
-                        dot_precision: str, interpret: bool, form: str,
-                        fold: fold_kernels.FoldLoop | None = None):
+                        fold_rows=None, *, tuning: KernelTuning, dot_precision: str,
+                        interpret: bool, form: str, fold: fold_kernels.FoldLoop | None = None):
   """The one-kernel forms; with ``fold`` (and ``fold_rows = (fold_count, fold_base)``) their
   programs fold first (`_fold_first_kernel`) and the checkpoint is returned after the
-  outputs, updated in place; with ``checkpoint`` (``ssm`` then being its bf16 copy) they
-  fold into it and rewrite the copy, and return it last."""
+  outputs, updated in place."""
   B, T, H, K = q.shape
   HV, V = v.shape[2], v.shape[3]
   verify_kernel = _replay_verify_vec_kernel if form == "vec" else _replay_verify_kernel
   if fold is not None:
     verify_kernel = functools.partial(_fold_first_kernel, verify_kernel=verify_kernel, fold=fold,
-                                      compiled=not interpret, copy=checkpoint is not None)
+                                      compiled=not interpret)
   kernel = functools.partial(
       verify_kernel, T=T,
       k_chunk=tuning.k_chunk, L=ring_g.shape[-1], gqa_ratio=HV // H, block_v=tuning.block_v,
@@ -360,9 +353,6 @@ def _replay_verify_call(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
   if fold is not None:
     inputs.update(fold_count=fold_rows[0], fold_base=fold_rows[1])
     outputs += ("ssm",)
-    if checkpoint is not None:
-      inputs.update(checkpoint=checkpoint)
-      outputs += ("checkpoint",)
   out_shape = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype)
                     for x in (v, *(inputs[n] for n in outputs[1:])))
   return pl.pallas_call(
@@ -432,8 +422,9 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
   reads in place first, in the split form's stream kernel
   (`replay_split.fold_replay_verify_split`) or in the one kernel of the UT and vector forms.
   With ``ssm_copy``, the checkpoints' bf16 copy (`SpecConfig.checkpoint_copy`; updated in
-  place), a folding program rewrites its rows of the copy from the folded fp32 ones and the
-  verify reads the copy: `fold.fold` with the copy, then `replay_verify` of the copy.
+  place; the split forms only), a folding program rewrites its rows of the copy from the
+  folded fp32 ones and the verify reads the copy: `fold.fold` with the copy, then
+  `replay_verify` of the copy.
 
   Args: as `replay_verify`, with ``write_pos`` and ``cache_base`` the cursors after the fold,
   and ``fold_tuning`` the recurrent kernels' tuning (the fold's bitwise tie: a program folds
@@ -450,13 +441,18 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
           q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
   if ssm_copy is not None:
     _check_copy(ssm, ssm_copy)
-    args = (ssm_copy, *args[1:])  # what the verify reads
-  form = _checked_form(args, tuning, dot_precision, form)
+  form = _checked_form((ssm if ssm_copy is None else ssm_copy, *args[1:]), tuning,
+                       dot_precision, form)
   for name, x in (("fold_count", fold_count), ("fold_base", fold_base)):
     if x.shape != slot_ids.shape or x.dtype != jnp.int32:
       raise ValueError(f"{name} is {jnp.dtype(x.dtype).name}{list(x.shape)}; expected "
                        f"int32{list(slot_ids.shape)}.")
   fold_tuning.check(v.shape[-1], q.shape[-1])
+  if ssm_copy is not None and not form.startswith("split"):
+    # Their loads of the copy lend the fold's record loop their layout (sm_90, the vector
+    # form at K=V=128: its K-sums 17 -> 9 shuffles): not the recurrent kernels' bits.
+    raise ValueError(f"the {form} form does not fold with a checkpoint copy; fold first "
+                     f"(`fold.fold` with ssm_copy), or use a split form.")
   if not form.startswith("split"):
     fold_block_v = replay_split.stream_fold_block_v(tuning, fold_tuning)
     if not fold_block_v:
@@ -468,15 +464,13 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
                                  prefetch=ONE_KERNEL_FOLD_PREFETCH,
                                  interleave=ONE_KERNEL_FOLD_INTERLEAVE,
                                  normalize_ahead=ONE_KERNEL_FOLD_NORMALIZE_AHEAD,
-                                 prefetch_at=ONE_KERNEL_FOLD_PREFETCH_AT,
-                                 copy_halves_first=False)  # registers (`fold.FoldLoop`)
-    o, *out = _replay_verify_call(
-        *args, (fold_count, fold_base), None if ssm_copy is None else ssm, tuning=tuning,
-        dot_precision=dot_precision, interpret=interpret, form=form, fold=fold)
-    rings, states = out[:len(RING_NAMES)], out[len(RING_NAMES):]  # (ssm,) or (copy, ssm)
-    return o, states[0] if ssm_copy is None else tuple(states[::-1]), *rings
+                                 prefetch_at=ONE_KERNEL_FOLD_PREFETCH_AT)
+    o, *rings, ssm = _replay_verify_call(*args, (fold_count, fold_base), tuning=tuning,
+                                         dot_precision=dot_precision, interpret=interpret,
+                                         form=form, fold=fold)
+    return o, ssm, *rings
   return replay_split.fold_replay_verify_split(
-      ssm, *args[1:], fold_count, fold_base, tuning=tuning, fold_tuning=fold_tuning,
+      *args, fold_count, fold_base, tuning=tuning, fold_tuning=fold_tuning,
       dot_precision=dot_precision, interpret=interpret,
       fold_first=replay_split.STREAM_FOLD_FIRST if fold_first is None else fold_first,
       coefficients="xla" if form == "split-xla" else "pallas", ssm_copy=ssm_copy)
