@@ -18,7 +18,7 @@ OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}
 ITEMS=${ITEMS:-"k_copy k_step k_streams k_copy_triton k_streams_triton h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
 KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
-RUN=${RUN:-run48}  # the files' tag
+RUN=${RUN:-run49}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -86,13 +86,12 @@ command_of() {
     # 235.8 -> 157.0, fold +36%, decode cycle 1.97x the recurrent decode; since 9c6a6f3 the
     # copy's window stream pipelines three K-steps (verify predicted ~150 us on the H100), and
     # the fold's read-back loads both halves before storing (fold 585 -> 545-555 us on it).
-    # Arm `apart` (session 47): the copy's flush rows folded by the fold kernel, as before
-    # `ssm.FUSE_FOLD_WITH_COPY`; the shipped `copy` folds them in its verify (windows below 128
-    # rows, decode at every size). Predicted as the fp32 checkpoint's fused fold (H200 runs
-    # 19, 24, 25): decode out of phase 5-10% faster fused (H100 B=64: 67.4 -> 61-63 us a step),
-    # in phase 0-6% slower at B=256; the B=64 mixed step faster fused; the kernels even.
-    k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16;apart=.|--checkpoint-copy" \
-      "bfloat16 --set ssm.FUSE_FOLD_WITH_COPY={'window':False,'decode':False,'decode-together':False}\" TAG=${RUN}_copy ROUNDS=1" \
+    # Arm `fused` (session 47): the copy's decode flush rows folded in the split form's stream
+    # (`ssm.FUSE_FOLD_WITH_COPY`, off until its GPU tests pass). Run 48 (H100, before the
+    # stream's copy chunks were kept unlike the fold's): decode cycles 3-5% faster fused,
+    # windows slower (off for windows). Predicted on the H200 alike.
+    k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16;fused=.|--checkpoint-copy" \
+      "bfloat16 --set ssm.FUSE_FOLD_WITH_COPY={'window':False,'decode':True,'decode-together':True}\" TAG=${RUN}_copy ROUNDS=1" \
       "BENCH_ARGS=\"--paths recurrent kernels steps decode --batch 64 256 --decode-rings 16" \
       "--reps 10 $extra\" $AB";;
     # k_step: the 30-layer step with the copy (run 45: 9.62 ms span at B=256, peak 18.4 GiB).
