@@ -180,9 +180,9 @@ class SpecConfig:
       moves half the bytes, for half a checkpoint more memory. The outputs are those of
       bf16 dots of the checkpoint (``dot_precision="bf16"``: the same rounding of S0, done
       once at the fold; DESIGN section 4 allows it for outputs); the committed state, the
-      fp32 checkpoint, stays bitwise that of the recurrent path. Every backend; the Pallas
-      verify forms that fold inside their programs fold into the fp32 checkpoint and rewrite
-      the copy from it there (`ssm.FUSE_FOLD_WITH_COPY`).
+      fp32 checkpoint, stays bitwise that of the recurrent path. Every backend; the fold
+      runs in its own kernel (the Pallas split form's stream can fold with the copy too,
+      `ssm.FUSE_FOLD_WITH_COPY`, off by default).
     fold_together: replayssm: when a step folds any row (one marked ``is_flush``), also
       fold the step's rows with at least this many committed records, so that rows fold
       in step with each other; ``None``: only the flush rows fold (DESIGN section 3).
