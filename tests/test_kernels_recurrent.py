@@ -199,13 +199,28 @@ def test_fold_writes_the_checkpoint_copy(launch, interpret):
     (dict(record_order=("norm", "k", "v", "g", "beta")), "with 'norm' after 'k'"),
     (dict(record_order=("k", "norm", "v", "g")), "each once")])
 def test_fold_refuses_an_unknown_launch(launch, message):
+  with pytest.raises(ValueError, match=message):
+    _small_fold(**launch)
+
+
+@pytest.mark.parametrize("copy, message", [
+    (lambda s: s, r"ssm_copy is float32\[.*\]; expected bfloat16"),
+    (lambda s: s[..., :8].astype(jnp.bfloat16),
+     r"ssm is float32\[.*, 16\]; expected float32\[.*, 8\] \(the fp32 checkpoints and their")])
+def test_fold_refuses_a_copy_unlike_the_checkpoint(copy, message):
+  """`fold.check_copy`, which the verify that folds with the copy shares."""
+  with pytest.raises(ValueError, match=message):
+    _small_fold(copy=copy)
+
+
+def _small_fold(copy=None, **launch):
+  """`fold.fold` of two rows on the interpreter; ``copy``: the checkpoint copy from ``ssm``."""
   x = make_inputs(np.random.default_rng(0), 2, 1, 1, 2, 16, 32, jnp.float32)
   rings = ring_from_tokens(x, jnp.array([0, 1], jnp.int32), 4, np.zeros(2, np.int32),
                            np.random.default_rng(1))
-  with pytest.raises(ValueError, match=message):
-    fold.fold(x["ssm"], *rings, jnp.array([0, 1], jnp.int32), jnp.ones(2, jnp.int32),
-              jnp.zeros(2, jnp.int32), tuning=KernelTuning(block_v=16), interpret=True,
-              **launch)
+  return fold.fold(x["ssm"], *rings, jnp.array([0, 1], jnp.int32), jnp.ones(2, jnp.int32),
+                   jnp.zeros(2, jnp.int32), tuning=KernelTuning(block_v=16), interpret=True,
+                   ssm_copy=None if copy is None else copy(x["ssm"]), **launch)
 
 
 def check_fold(case, dtype, interpret, idle_rows=False, copy=False, **launch):

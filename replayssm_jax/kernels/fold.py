@@ -307,8 +307,17 @@ def _check_inputs(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count,
       raise ValueError(f"{name} has shape {given[name].shape}; expected {want} (ssm is {ssm.shape}).")
   if ssm.dtype != jnp.float32:
     raise ValueError(f"the exact fold needs an fp32 checkpoint; ssm is {ssm.dtype}.")
-  if ssm_copy is not None and ssm_copy.shape != ssm.shape:
-    raise ValueError(f"ssm_copy has shape {ssm_copy.shape}; expected {ssm.shape} (as ssm).")
+  if ssm_copy is not None:
+    check_copy(ssm, ssm_copy)
+
+
+def check_copy(ssm, ssm_copy) -> None:
+  """The fp32 checkpoints and their bf16 copy (`SpecConfig.checkpoint_copy`), of one shape."""
+  for name, x, dtype in (("ssm", ssm, jnp.float32), ("ssm_copy", ssm_copy, jnp.bfloat16)):
+    if x.dtype != dtype or x.shape != ssm_copy.shape:
+      raise ValueError(f"{name} is {jnp.dtype(x.dtype).name}{list(x.shape)}; expected "
+                       f"{jnp.dtype(dtype).name}{list(ssm_copy.shape)} (the fp32 checkpoints and "
+                       f"their bf16 copy).")
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret", "v_blocks", "prefetch",

@@ -440,7 +440,7 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
   args = (ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
           q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
   if ssm_copy is not None:
-    _check_copy(ssm, ssm_copy)
+    fold_kernels.check_copy(ssm, ssm_copy)
   form = _checked_form((ssm if ssm_copy is None else ssm_copy, *args[1:]), tuning,
                        dot_precision, form)
   for name, x in (("fold_count", fold_count), ("fold_base", fold_base)):
@@ -474,15 +474,6 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
       dot_precision=dot_precision, interpret=interpret,
       fold_first=replay_split.STREAM_FOLD_FIRST if fold_first is None else fold_first,
       coefficients="xla" if form == "split-xla" else "pallas", ssm_copy=ssm_copy)
-
-
-def _check_copy(ssm, ssm_copy) -> None:
-  """The fp32 checkpoints and their bf16 copy, of one shape."""
-  for name, x, dtype in (("ssm", ssm, jnp.float32), ("ssm_copy", ssm_copy, jnp.bfloat16)):
-    if x.dtype != dtype or x.shape != ssm_copy.shape:
-      raise ValueError(f"{name} is {jnp.dtype(x.dtype).name}{list(x.shape)}; expected "
-                       f"{jnp.dtype(dtype).name}{list(ssm_copy.shape)} (the fp32 checkpoints and "
-                       f"their bf16 copy).")
 
 
 def _checked_form(args, tuning: KernelTuning, dot_precision: str, form: str | None) -> str:
