@@ -121,11 +121,11 @@ FUSE_FOLD_ONE_KERNEL = True
 # the copy; else (and in the one-kernel forms) the fold kernel folds. H100 (run 48, fused
 # against apart): decode cycles 3-5% faster fused (B=256 in phase 183.1 against 189.8 us a
 # step, out of phase 189.5 against 195.9; B=64 out of phase 64.4 against 67.4); windows slower
-# (B=64, every row folding 239.3 against 204.0 us, mixed 114.6 against 108.0). Off until the
-# GPU tests pass on the stream as it now is: run 48's, before `replay_split._stream` kept the
-# copy's K-chunks unlike the fold's, found its folded state 1 ulp off at K=16, V=64 (the
-# sm_90 compile test of the record loop passes since; NOTES.md session 47).
-FUSE_FOLD_WITH_COPY = {"window": False, "decode": False, "decode-together": False}
+# (B=64, every row folding 239.3 against 204.0 us, mixed 114.6 against 108.0), so off there.
+# Its GPU tests pass (run 49, H100: the folded state bitwise the recurrent one at K=16, V=64,
+# where run 48's build, before `replay_split._stream` kept the copy's K-chunks unlike the
+# fold's, was 1 ulp off; NOTES.md session 47).
+FUSE_FOLD_WITH_COPY = {"window": False, "decode": True, "decode-together": True}
 
 
 def init(gdn: GDNConfig, spec: SpecConfig, num_slots: int, *, dtype=jnp.bfloat16) -> SSMCache:
