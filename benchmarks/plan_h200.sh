@@ -18,7 +18,7 @@ OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}
 ITEMS=${ITEMS:-"k_copy k_step k_streams k_copy_triton k_streams_triton h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
 KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
-RUN=${RUN:-run49}  # the files' tag
+RUN=${RUN:-run50}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -86,12 +86,13 @@ command_of() {
     # 235.8 -> 157.0, fold +36%, decode cycle 1.97x the recurrent decode; since 9c6a6f3 the
     # copy's window stream pipelines three K-steps (verify predicted ~150 us on the H100), and
     # the fold's read-back loads both halves before storing (fold 585 -> 545-555 us on it).
-    # Arm `fused` (session 47): the copy's decode flush rows folded in the split form's stream
-    # (`ssm.FUSE_FOLD_WITH_COPY`, off until its GPU tests pass). Run 48 (H100, before the
-    # stream's copy chunks were kept unlike the fold's): decode cycles 3-5% faster fused,
-    # windows slower (off for windows). Predicted on the H200 alike.
-    k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16;fused=.|--checkpoint-copy" \
-      "bfloat16 --set ssm.FUSE_FOLD_WITH_COPY={'window':False,'decode':True,'decode-together':True}\" TAG=${RUN}_copy ROUNDS=1" \
+    # Arm `apart`: every flush row folded by the fold kernel, as the copy shipped until run 49;
+    # the shipped copy folds decode's flush rows in the split form's stream
+    # (`ssm.FUSE_FOLD_WITH_COPY`, on for decode since its GPU tests passed in run 49). Run 48
+    # (H100): decode cycles 3-5% faster fused, windows slower (off for windows). Predicted on
+    # the H200 alike.
+    k_copy) echo "ARMS=\"fp32=.|;copy=.|--checkpoint-copy bfloat16;apart=.|--checkpoint-copy" \
+      "bfloat16 --set ssm.FUSE_FOLD_WITH_COPY={'window':False,'decode':False,'decode-together':False}\" TAG=${RUN}_copy ROUNDS=1" \
       "BENCH_ARGS=\"--paths recurrent kernels steps decode --batch 64 256 --decode-rings 16" \
       "--reps 10 $extra\" $AB";;
     # k_step: the 30-layer step with the copy (run 45: 9.62 ms span at B=256, peak 18.4 GiB).
@@ -101,14 +102,17 @@ command_of() {
     # k_streams: the split form's stream over the copy per launch (`sweep.STREAM_TUNINGS` and
     # `COPY_STREAM_TUNINGS`). Run 47 (H100): K-steps of 128 (no loop) slower (T=4 B=256 166.0
     # against 157.1 us), three stages of 64 faster at T=4 (-4.3% at B=64 and 256; shipped as
-    # the copy's default, `backend.COPY_STREAM_STAGES`), even at T=1. On the H200 predicted
-    # alike: the three stages 3-5% ahead of two at T=4, even at T=1.
+    # the copy's default, `backend.COPY_STREAM_STAGES`), even at T=1; run 49 (H100) again: T=4
+    # 147.9 against 154.1 us at B=256, 45.9 against 48.1 at 64. On the H200 predicted alike:
+    # the three stages 3-5% ahead of two at T=4, even at T=1.
     k_streams) echo "$PY -m replayssm_jax.bench.sweep --only streams --checkpoint-copy --T 4 1" \
       "--batch 256 64 --reps 15 --budget-s 230 --out \$OUT/sweep_${RUN}_copy_streams.json $extra";;
     # k_streams_triton: the triton forms' launches over the copy (`sweep.TRITON_REPLAY`, the
     # split form's stream among them). Run 47 (H100): its stream on the copy moved 0.32 GB at
-    # ~2.4 TB/s (verify 163.1 us at B=256, Pallas 157.0). Predicted: as the Pallas stream, three
-    # stages ahead of two at T=4 by 3-5% (its candidates (64, 4, 64, 3) and (32, 2, 64, 3)).
+    # ~2.4 TB/s (verify 163.1 us at B=256, Pallas 157.0). Run 49 (H100): a third stage took
+    # 3-5% off the 4-warp [64, K] tiles, but the shipped (64, 2, 64, 2) stayed fastest at
+    # B=256 (T=4 160.9 us, T=1 142.9); at B=64 (32, 2, 64, 3) 1.5-1.8% ahead of it. Predicted
+    # for the shipped tiles through three stages, (64, 2, 64, 3), new: 2-4% ahead of two.
     k_streams_triton) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay" \
       "--checkpoint-copy --T 4 1 --batch 256 64 --reps 15 --budget-s 230" \
       "--out \$OUT/sweep_${RUN}_copy_triton.json $extra";;
