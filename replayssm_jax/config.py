@@ -181,7 +181,7 @@ class SpecConfig:
       bf16 dots of the checkpoint (``dot_precision="bf16"``: the same rounding of S0, done
       once at the fold; DESIGN section 4 allows it for outputs); the committed state, the
       fp32 checkpoint, stays bitwise that of the recurrent path. Every backend; the fold
-      runs in its own kernel, but in the Pallas split form's decode, whose stream folds
+      runs in its own kernel except in the Pallas split form's decode, whose stream folds
       the flush rows and rewrites their copy rows (`ssm.FUSE_FOLD_WITH_COPY`).
     fold_together: replayssm: when a step folds any row (one marked ``is_flush``), also
       fold the step's rows with at least this many committed records, so that rows fold
