@@ -234,7 +234,7 @@ def test_wide_batches_split_form(T, L, decode_share, stream_fold, backend, monke
   rows, decode from 64): the same invariants through mixed decode/verify steps, most rows
   padding (fewer slots than rows), with the flush rows folded inside the split form's stream
   kernel or by the fold kernel before it (`ssm.FUSE_FOLD_BELOW`)."""
-  if backend != "pallas" and not stream_fold:
+  if backend != "pallas" and stream_fold:
     pytest.skip("only the Pallas split form folds in its stream")
   monkeypatch.setattr(ssm, "FUSE_FOLD_BELOW",
                       dict.fromkeys(ssm.FUSE_FOLD_BELOW, None if stream_fold else 0))
@@ -291,7 +291,7 @@ def test_checkpoint_copy_wide_batches(T, L, decode_share, stream_fold, backend, 
   """The split form (windows from 16 rows, decode from 64) reading the copy: its stream's
   checkpoint dot in bf16 (`replay_split`), the flush rows folded in its stream, which rewrites
   their copy rows, or by the fold kernel before it (`ssm.FUSE_FOLD_WITH_COPY`)."""
-  if backend != "pallas" and not stream_fold:
+  if backend != "pallas" and stream_fold:
     pytest.skip("only the Pallas split form folds in its stream")
   monkeypatch.setattr(ssm, "FUSE_FOLD_WITH_COPY", dict.fromkeys(ssm.FUSE_FOLD_WITH_COPY,
                                                                 stream_fold))
