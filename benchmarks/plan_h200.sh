@@ -17,7 +17,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}
 ITEMS=${ITEMS:-"k_copy k_step k_streams k_copy_triton k_streams_triton h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
-KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
+KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_stages t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
 RUN=${RUN:-run50}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
@@ -44,6 +44,7 @@ estimate() {
     b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;;
     h_ab) echo 100;; h_read) echo 140;; k_copy) echo 330;; k_copy_triton) echo 240;; k_step) echo 150;;
     k_streams|k_streams_triton) echo 240;;
+    t_stages) echo 300;;
     *) echo 0;;
   esac
 }
@@ -116,6 +117,15 @@ command_of() {
     k_streams_triton) echo "$PY -m replayssm_jax.bench.sweep --backend triton --only replay" \
       "--checkpoint-copy --T 4 1 --batch 256 64 --reps 15 --budget-s 230" \
       "--out \$OUT/sweep_${RUN}_copy_triton.json $extra";;
+    # t_stages: the triton split stream over the copy through three stages (shipped since run
+    # 50, `COPY_STREAM_STAGES`) against two, at every size the split form runs (windows from 16
+    # rows, decode from 32). Run 50's sweep (H100): three 1-2% ahead at B=256, ~5% at 64.
+    # Predicted alike in the calls (verify and decode cycle), within 1% at 16 and 32. (The fp32
+    # stream keeps two: three were 3-4% slower at B=128 and 256 in run 50, H100.)
+    t_stages) echo "ARMS=\"three=.|--checkpoint-copy bfloat16;two=.|--checkpoint-copy bfloat16" \
+      "--set kernels.triton.COPY_STREAM_STAGES=2\" TAG=${RUN}_copy_stages_triton ROUNDS=1" \
+      "BENCH_ARGS=\"--backend triton --paths kernels decode --batch 16 32 64 128 256" \
+      "--decode-rings 16 --reps 10 $extra\" $AB";;
     # k_copy_triton: the same in the triton backend (its stream's K-loop a bf16 dot on the copy;
     # run 35: verify 190 us at B=256, decode 198 us a step). Predicted alike: verify ~130,
     # decode cycle 140-160 us a step.

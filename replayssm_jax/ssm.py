@@ -243,9 +243,10 @@ def default_state_tuning(spec: SpecConfig, V: int) -> KernelTuning:
 def default_replay_tuning(spec: SpecConfig, V: int, T: int, B: int) -> KernelTuning:
   """The measured launch of ``spec.backend``'s replay verify for B rows of T tokens (on the
   checkpoint copy when ``spec.checkpoint_copy`` keeps one)."""
+  copy = spec.checkpoint_copy is not None
   if spec.backend == "triton":
-    return _triton_kernels().replay_tuning(V, T, B)
-  return KernelTuning.replay_default(V, T, B, copy=spec.checkpoint_copy is not None)
+    return _triton_kernels().replay_tuning(V, T, B, copy=copy)
+  return KernelTuning.replay_default(V, T, B, copy=copy)
 
 
 def _tuning(cache, tuning: KernelTuning | None, spec: SpecConfig) -> KernelTuning:

@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -227,8 +228,10 @@ def test_replay_verify_reads_the_checkpoint_copy(c: replay_tests.Case, form, mod
     pytest.skip("the triton vector form is the T=1 (decode) specialisation")
   inp = replay_tests.make_inputs(c)
   inp["ssm"] = inp["ssm"].astype(jnp.bfloat16)
-  o, *_ = triton_kernels.replay_verify(**inp, tuning=replay_tuning_for(c, form),
-                                       dot_precision="default", form=form)
+  # the split form's stream pipelined as on the copy, over K-steps of 16 (two or more a row)
+  tuning = dataclasses.replace(replay_tuning_for(c, form), k_chunk=16,
+                               num_stages=triton_kernels.COPY_STREAM_STAGES)
+  o, *_ = triton_kernels.replay_verify(**inp, tuning=tuning, dot_precision="default", form=form)
   ref_o, *_ = replay_tests.reference_jit(**inp)
   valid = np.asarray(inp["slot_ids"]) >= 0
   tol = TOLERANCE[(jnp.dtype(c.act).name, "bf16")]
@@ -349,6 +352,30 @@ def test_split_launches_pick_chunks_and_epilogue_precision():
     stream = compile_check.launches(T=4, dot_precision=precision, **geometry)[
         "replay_split_stream_T4"]
     assert stream.constexprs["EPILOGUE_PRECISION"] == epilogue, precision
+
+
+def test_the_stream_on_the_copy_pipelines_deeper():
+  """The split form's stream over the bf16 copy takes `COPY_STREAM_STAGES` stages, its other
+  fields the fp32 stream's, at every T; the other forms and the fp32 checkpoint keep theirs,
+  and `ssm` passes the spec's copy through."""
+  from replayssm_jax import ssm
+
+  for T, B in [(4, 256), (4, 16), (1, 64), (1, 32)]:
+    fp32 = triton_kernels.replay_tuning(128, T, B)
+    assert fp32.num_stages == 2
+    assert triton_kernels.replay_tuning(128, T, B, copy=True) == dataclasses.replace(
+        fp32, num_stages=triton_kernels.COPY_STREAM_STAGES)
+    # the spec's two fields it reads (a triton `SpecConfig` needs a GPU to be made)
+    spec = types.SimpleNamespace(backend="triton", checkpoint_copy=jnp.bfloat16)
+    assert ssm.default_replay_tuning(spec, 128, T, B) == triton_kernels.replay_tuning(
+        128, T, B, copy=True)
+  for T, B in [(4, 8), (1, 8)]:
+    assert (triton_kernels.replay_tuning(128, T, B, copy=True)
+            == triton_kernels.replay_tuning(128, T, B))
+  assert triton_kernels.COPY_STREAM_STAGES != 2
+  stream = compile_check.launches(T=4, H=16, HV=32, K=128, V=128, L=16)
+  assert stream["replay_split_stream_T4_copy"].num_stages == triton_kernels.COPY_STREAM_STAGES
+  assert stream["replay_split_stream_T4"].num_stages == 2
 
 
 def test_state_kernels_reject_non_power_of_two_k():

@@ -67,10 +67,10 @@ TRITON_REPLAY = [("ut", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc))
                       (32, 4, 128), (16, 4, 128), (32, 4, 64)]] + [
     ("split", KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=st))
     for bv, w, kc, st in [(128, 4, 64, 2), (64, 4, 64, 2), (64, 4, 64, 3), (64, 4, 32, 3),
-                          (128, 8, 64, 2), (64, 2, 64, 2), (32, 2, 64, 3),
-                          # the shipped stream through three stages: on the copy (run 49,
-                          # H100) a third stage took 3-5% off the 4-warp [64, K] tiles
-                          (64, 2, 64, 3)]]
+                          (128, 8, 64, 2), (32, 2, 64, 3),
+                          # the shipped stream, and through three stages as on the copy
+                          # since run 50 (`COPY_STREAM_STAGES`; 1-5% ahead there, H100)
+                          (64, 2, 64, 2), (64, 2, 64, 3)]]
 TRITON_STATE = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc)
                 for bv, w, kc in [(32, 2, 16), (16, 1, 16), (32, 4, 16), (64, 4, 16), (16, 1, 8),
                                   (32, 4, 8)]]

@@ -70,26 +70,38 @@ def state_tuning(V: int) -> KernelTuning:
 VEC_K_CHUNK = 32
 VEC_BLOCK_V = 64
 
+# Pipeline stages of the split form's stream over the checkpoint's bf16 copy (the fp32
+# checkpoint's stream keeps two): a bf16 K-step is half the fp32 one's shared memory. H100
+# (benchmarks/NOTES.md run 50, `sweep_h100_run50_copy_triton.json`): T=4 B=256 / 64 160.5 / 53.2
+# -> 159.0 / 50.8 us, T=1 143.4 / 49.3 -> 140.7 / 46.9, the fastest of eight launches. On the
+# fp32 checkpoint three were slower (B=256 verify 235.6 -> 245.5 us, B=128 125.6 -> 129.2;
+# `ab_h100_run50_stages_triton_*`), as a tie or 2 us ahead on the H200 (run 30).
+COPY_STREAM_STAGES = 3
 
-def replay_tuning(V: int, T: int, B: int | None = None) -> KernelTuning:
-  """Launch parameters of the triton replay verify in its form for (T, B) (`replay_form`).
+
+def replay_tuning(V: int, T: int, B: int | None = None, *,
+                  copy: bool = False) -> KernelTuning:
+  """Launch parameters of the triton replay verify in its form for (T, B) (`replay_form`);
+  ``copy``: reading the checkpoint's bf16 copy (`SpecConfig.checkpoint_copy`).
 
   The split form's stream: ``[64, K]`` tiles over 2 warps in K-chunks of 64 through 2
-  pipeline stages, the fastest of seven launches at B=256 and 64 (H200, benchmarks/NOTES.md run
-  29: 203.5 and 60.1 us; the Pallas stream's (128, 4, 64, 2) 207.2 and 60.8, (128, 8, 64, 2)
-  263.7 and 72.4). Again with its epilogue on the tensor cores (run 30): 185.9-186.7 and
-  54.3-54.9 us; (64, 2, 64, 3) 186.3 and 52.6, (128, 4, 64, 2) 187.7 and 55.4, (32, 2, 64, 2)
-  208.8 and 58.9, (64, 4, 64, 2) 218.0 and 60.8. The one-kernel forms, H200, 2026-11-30, B=256,
-  write_pos 8 (benchmarks/NOTES.md run 5): ``[128, K]`` tiles over 4 warps in K-chunks of 32
-  were the fastest of the launches tried for both: UT at T=4 502 us (721 us at (64, 2)), the
-  vector form at T=1 222 us (278 us at (64, 4)). The vector form runs below 32 rows only since
-  session 41, in `VEC_BLOCK_V` x `VEC_K_CHUNK` tiles measured there.
+  pipeline stages (`COPY_STREAM_STAGES` on the copy), the fastest of seven launches at B=256
+  and 64 (H200, benchmarks/NOTES.md run 29: 203.5 and 60.1 us; the Pallas stream's (128, 4,
+  64, 2) 207.2 and 60.8, (128, 8, 64, 2) 263.7 and 72.4). Again with its epilogue on the
+  tensor cores (run 30): 185.9-186.7 and 54.3-54.9 us; (64, 2, 64, 3) 186.3 and 52.6, (128, 4,
+  64, 2) 187.7 and 55.4, (32, 2, 64, 2) 208.8 and 58.9, (64, 4, 64, 2) 218.0 and 60.8. The
+  one-kernel forms, H200, 2026-11-30, B=256, write_pos 8 (benchmarks/NOTES.md run 5): ``[128,
+  K]`` tiles over 4 warps in K-chunks of 32 were the fastest of the launches tried for both: UT
+  at T=4 502 us (721 us at (64, 2)), the vector form at T=1 222 us (278 us at (64, 4)). The
+  vector form runs below 32 rows only since session 41, in `VEC_BLOCK_V` x `VEC_K_CHUNK` tiles
+  measured there.
   """
   from replayssm_jax.kernels.triton.replay_verify import replay_form  # needs triton
 
   form = replay_form(T, B)
   if form == "split":
-    return KernelTuning(block_v=min(64, V), num_warps=2, k_chunk=64, num_stages=2)
+    return KernelTuning(block_v=min(64, V), num_warps=2, k_chunk=64,
+                        num_stages=COPY_STREAM_STAGES if copy else 2)
   if form == "vec":
     return KernelTuning(block_v=min(VEC_BLOCK_V, V), num_warps=4, k_chunk=VEC_K_CHUNK)
   return KernelTuning(block_v=min(128, V), num_warps=4, k_chunk=32)

@@ -53,7 +53,8 @@ def launches(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int = 8,
       f"exact_fold_L{L}": fold_launch(*fold, tuning=state),
       f"exact_fold_L{L}_copy": fold_launch(*fold, tuning=state, ssm_copy=ssm_copy),
       **{f"replay_split_stream_T{t}_copy": split_launches(
-          *copy(x), tuning=replay_tuning(V, T, B=256), dot_precision=dot_precision)[1]
+          *copy(x), tuning=replay_tuning(V, T, B=256, copy=True),
+          dot_precision=dot_precision)[1]
          for t, x in ((T, win), (1, one)) if dot_precision in ("default", "bf16")},
       f"replay_verify_ut_T{T}": replay_verify_launch(
           *replay(win), tuning=replay_tuning(V, T), dot_precision=dot_precision, form="ut"),
