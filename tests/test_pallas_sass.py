@@ -62,6 +62,20 @@ def test_a_triton_backend_kernel_compiles_for_sm90():
     pallas_sass.triton_backend_sm90("fold")
 
 
+def test_the_triton_stream_on_the_copy_keeps_its_programs_an_sm():
+  """The triton split stream's three stages on the bf16 copy take no more programs off an SM
+  than the fp32 stream's two (8 each); three fp32 stages would (39 KB of shared memory, 5
+  programs: 3-4% slower from 128 rows, benchmarks/NOTES.md run 50)."""
+  pytest.importorskip("triton")
+  from replayssm_jax.kernels.triton import COPY_STREAM_STAGES
+
+  copy = pallas_sass.triton_backend_sm90("replay_split_stream_T4_copy")
+  fp32 = pallas_sass.triton_backend_sm90("replay_split_stream_T4")
+  assert f"_s{COPY_STREAM_STAGES}_" in copy["name"] and "_s2_" in fp32["name"]
+  assert copy["per_sm"] == fp32["per_sm"] >= 8
+  assert copy["shared_bytes"] < fp32["shared_bytes"] * 1.5
+
+
 def test_shipped_sass_is_saved_and_compared(tmp_path, monkeypatch):
   """``shipped --save`` then ``--compare``: the same SASS; with the fold kernel's record loads
   moved, the fold's SASS differs and is named (exit 1), and a saved launch no longer compiled

@@ -191,7 +191,7 @@ def _launch_report(launch) -> dict:
 
 
 def sass_report(compiled, name: str, num_warps: int) -> dict:
-  """Registers, spills, SASS and loops of a kernel Triton compiled for sm_90a."""
+  """Registers, spills, shared memory, SASS and loops of a kernel Triton compiled for sm_90a."""
   from replayssm_jax.kernels.triton.launch import cubin_listing, resource_usage
 
   listing = cubin_listing(compiled)
@@ -200,7 +200,8 @@ def sass_report(compiled, name: str, num_warps: int) -> dict:
                   (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
                    for line in sass.splitlines()) if m]
   return dict(name=name, num_warps=num_warps, registers=usage["n_regs"], per_sm=usage["per_sm"],
-              spill_stores=usage["spill_stores"], spill_loads=usage["spill_loads"],
+              shared_bytes=usage["shared_bytes"], spill_stores=usage["spill_stores"],
+              spill_loads=usage["spill_loads"],
               instructions=len(instructions), loops=loops(instructions), sass=sass)
 
 
@@ -317,7 +318,8 @@ def main(argv=None) -> int:
       reports = [compile_sm90(module, Path(tmp)) for module in triton_modules(fn, shapes)]
     for r in reports:
       print(f"{r['name']}: {r['num_warps']} warps, {r['registers']} registers, spills "
-            f"{r['spill_stores']}/{r['spill_loads']} B, {r['per_sm']} programs an SM, "
+            f"{r['spill_stores']}/{r['spill_loads']} B, {r['shared_bytes']} B shared, "
+            f"{r['per_sm']} programs an SM, "
             f"{r['instructions']} SASS instructions")
       for loop in r["loops"]:
         mix = ", ".join(f"{op} {n}" for op, n in loop["mix"])

@@ -71,11 +71,12 @@ VEC_K_CHUNK = 32
 VEC_BLOCK_V = 64
 
 # Pipeline stages of the split form's stream over the checkpoint's bf16 copy (the fp32
-# checkpoint's stream keeps two): a bf16 K-step is half the fp32 one's shared memory. H100
+# checkpoint's stream keeps two): a bf16 K-step is half the fp32 one's shared memory, so three
+# take 23 KB and keep 8 programs an SM, where the fp32 stream's three take 39 KB and 5. H100
 # (benchmarks/NOTES.md run 50, `sweep_h100_run50_copy_triton.json`): T=4 B=256 / 64 160.5 / 53.2
 # -> 159.0 / 50.8 us, T=1 143.4 / 49.3 -> 140.7 / 46.9, the fastest of eight launches. On the
-# fp32 checkpoint three were slower (B=256 verify 235.6 -> 245.5 us, B=128 125.6 -> 129.2;
-# `ab_h100_run50_stages_triton_*`), as a tie or 2 us ahead on the H200 (run 30).
+# fp32 checkpoint three were slower on the H100 (B=256 verify 235.6 -> 245.5 us, B=128 125.6 ->
+# 129.2; `ab_h100_run50_stages_triton_*`); on the H200 a tie at B=256, 2 us ahead at 64 (run 30).
 COPY_STREAM_STAGES = 3
 
 
