@@ -228,9 +228,9 @@ def test_replay_verify_reads_the_checkpoint_copy(c: replay_tests.Case, form, mod
     pytest.skip("the triton vector form is the T=1 (decode) specialisation")
   inp = replay_tests.make_inputs(c)
   inp["ssm"] = inp["ssm"].astype(jnp.bfloat16)
-  # the split form's stream pipelined as on the copy, over K-steps of 16 (two or more a row)
-  tuning = dataclasses.replace(replay_tuning_for(c, form), k_chunk=16,
-                               num_stages=triton_kernels.COPY_STREAM_STAGES)
+  tuning = replay_tuning_for(c, form)
+  if form == "split":  # its stream pipelined as on the copy, over K-steps of 16 (two or more)
+    tuning = dataclasses.replace(tuning, k_chunk=16, num_stages=triton_kernels.COPY_STREAM_STAGES)
   o, *_ = triton_kernels.replay_verify(**inp, tuning=tuning, dot_precision="default", form=form)
   ref_o, *_ = replay_tests.reference_jit(**inp)
   valid = np.asarray(inp["slot_ids"]) >= 0
