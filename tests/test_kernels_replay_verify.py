@@ -195,6 +195,13 @@ def k_hat_ulp_bound(K: int, ring_dtype) -> int:
   return K // 2 + 5 if jnp.dtype(ring_dtype) == jnp.float32 else 1
 
 
+def window_slots(inp, c: Case) -> np.ndarray:
+  """``[B, T]`` physical ring slots of the rows' windows, ``(cache_base + write_pos + s) &
+  (L - 1)``."""
+  wp, cb = (np.asarray(inp[n]) for n in ("write_pos", "cache_base"))
+  return (cb[:, None] + wp[:, None] + np.arange(c.T)) & (c.L - 1)
+
+
 def window_mask(shape, slot_ids, phys):
   """``[slots, heads, L, ...]`` mask of the ring entries the rows' windows write."""
   mask = np.zeros(shape[:3], bool)
@@ -217,8 +224,7 @@ def assert_k_hat_records(got, inp, c: Case, name: str = "") -> None:
   so two launches of the same code can differ in the records' last bits. The fold recomputes
   k_hat from raw k, so no committed state sees them.
   """
-  slot_ids, wp, cb = (np.asarray(inp[n]) for n in ("slot_ids", "write_pos", "cache_base"))
-  phys = (cb[:, None] + wp[:, None] + np.arange(c.T)) & (c.L - 1)  # [B, T]
+  slot_ids, phys = np.asarray(inp["slot_ids"]), window_slots(inp, c)
   k_hat64 = np_l2(np.asarray(jnp.asarray(inp["k"], jnp.float32), np.float64))
   got = np.asarray(got)
   mask = np.broadcast_to(window_mask(got.shape, slot_ids, phys), got.shape)
@@ -263,9 +269,8 @@ def test_replay_verify(c: Case, form, interpret):
   ref_out = reference_jit(**inp)
   o_oracle, d_oracle = np_oracle(inp)
   tol = c.tol
-  slot_ids, wp, cb = (np.asarray(inp[n]) for n in ("slot_ids", "write_pos", "cache_base"))
+  slot_ids, phys = np.asarray(inp["slot_ids"]), window_slots(inp, c)
   valid = slot_ids >= 0
-  phys = (cb[:, None] + wp[:, None] + np.arange(c.T)) & (c.L - 1)  # [B, T]
 
   # Records the window must write, from the raw inputs and the shared arithmetic, compiled
   # (eager `l2_normalize` differs by an ulp: XLA rewrites x / sqrt(y) as x * rsqrt(y)).

@@ -284,9 +284,8 @@ def check_replay_verify(c: replay_tests.Case, form: str,
                                      dot_precision=c.precision, form=form)
   ref_out = replay_tests.reference_jit(**inp)
   o_oracle, d_oracle = replay_tests.np_oracle(inp)
-  slot_ids, wp, cb = (np.asarray(inp[n]) for n in ("slot_ids", "write_pos", "cache_base"))
+  slot_ids, phys = np.asarray(inp["slot_ids"]), replay_tests.window_slots(inp, c)
   valid = slot_ids >= 0
-  phys = (cb[:, None] + wp[:, None] + np.arange(c.T)) & (c.L - 1)  # [B, T]
 
   o, *rings = out
   assert o.dtype == inp["v"].dtype
