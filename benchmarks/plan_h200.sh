@@ -44,7 +44,7 @@ estimate() {
     b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;;
     h_ab) echo 100;; h_read) echo 140;; k_copy) echo 330;; k_copy_triton) echo 240;; k_step) echo 150;;
     k_streams|k_streams_triton) echo 240;;
-    t_stages) echo 300;;
+    t_stages) echo 150;;  # run 50 (H100): 95-129 s
     *) echo 0;;
   esac
 }
