@@ -17,6 +17,7 @@ for the fold's bitwise tie; the GPU tests check the bits.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import re
@@ -316,6 +317,75 @@ def check_replay_verify(c: replay_tests.Case, form: str,
                                   replay_tests.bits(before)[~written], err_msg=name)
 
 
+# (case, fold tiles a stream program): a program holds a whole value head of V rows, in tiles
+# of 8 or 16 rows a warp (K-chunks of 16 leave 8 lanes to rows: `stream_fold_block_v`).
+FOLD_STREAM_CASES = [(c, tiles) for c in replay_tests.FUSED_CASES for tiles in (1, 2)
+                     if c.V // (2 * tiles) >= 8]
+
+
+@pytest.mark.parametrize("copy", [False, True], ids=["fp32", "copy"])
+@pytest.mark.parametrize("c,tiles", FOLD_STREAM_CASES,
+                         ids=[f"{c.id}-tiles{tiles}" for c, tiles in FOLD_STREAM_CASES])
+def test_fold_inside_the_stream(c: replay_tests.Case, tiles, copy, mode):
+  """`fold_and_replay_verify`: the split form's stream folds the flush rows of
+  `_flush_some_rows` into its checkpoint rows (as one tile a program or two), then streams
+  them; against the fold kernel and then the split verify, to the bit: the checkpoint, the
+  outputs and every ring, the padding row zero and folding nothing. With ``copy`` both fold
+  into a bf16 copy, poisoned first, and read it (`SpecConfig.checkpoint_copy`)."""
+  inp = replay_tests.make_inputs(c, seed=4)
+  (count, fold_base), cursors = replay_tests._flush_some_rows(inp, c)
+  inp = {**inp, **cursors}
+  # The stream's programs of 2 warps fold tiles of as many rows a warp as the one-warp fold
+  # kernel's: one layout, so the bits are the fold kernel's on a GPU too.
+  tuning = KernelTuning(block_v=c.V, num_warps=2, k_chunk=16)
+  fold_tuning = KernelTuning(block_v=c.V // (2 * tiles), num_warps=1, k_chunk=16)
+  assert triton_split.stream_fold_block_v(tuning, fold_tuning) == c.V // tiles
+  ssm_copy = jnp.full(inp["ssm"].shape, jnp.nan, jnp.bfloat16) if copy else None
+  folded = triton_kernels.fold(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
+                               inp["ring_beta"], inp["slot_ids"], count, fold_base,
+                               tuning=fold_tuning, ssm_copy=ssm_copy)
+  folded, folded_copy = folded if copy else (folded, None)
+  assert not np.array_equal(replay_tests.bits(folded), replay_tests.bits(inp["ssm"]))
+  if copy:  # the rows that did not fold read a copy of their own (the fold left them NaN)
+    folded_copy = jnp.where(jnp.isnan(folded_copy), inp["ssm"].astype(jnp.bfloat16), folded_copy)
+    ssm_copy = jnp.where(jnp.isnan(ssm_copy), folded_copy, ssm_copy)
+  apart = triton_kernels.replay_verify(**{**inp, "ssm": folded_copy if copy else folded},
+                                       tuning=tuning, dot_precision=c.precision, form="split")
+  o, ssm, *rings = triton_kernels.fold_and_replay_verify(
+      **inp, fold_count=count, fold_base=fold_base, tuning=tuning, fold_tuning=fold_tuning,
+      dot_precision=c.precision, form="split", ssm_copy=ssm_copy)
+  if copy:
+    ssm, ssm_copy = ssm
+    np.testing.assert_array_equal(replay_tests.bits(ssm_copy), replay_tests.bits(folded_copy))
+  np.testing.assert_array_equal(replay_tests.bits(ssm), replay_tests.bits(folded))
+  valid = np.asarray(inp["slot_ids"]) >= 0
+  np.testing.assert_array_equal(replay_tests.bits(o[valid]), replay_tests.bits(apart[0][valid]))
+  np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
+  for name, x, y in zip(RING_NAMES, rings, apart[1:]):
+    np.testing.assert_array_equal(replay_tests.bits(x), replay_tests.bits(y), err_msg=name)
+
+
+def test_fold_inside_the_stream_needs_whole_tiles():
+  c = replay_tests.FUSED_CASES[0]
+  inp = replay_tests.make_inputs(c)
+  (count, fold_base), cursors = replay_tests._flush_some_rows(inp, c)
+  call = functools.partial(triton_kernels.fold_and_replay_verify, **{**inp, **cursors},
+                           fold_count=count, fold_base=fold_base, dot_precision="default",
+                           form="split")
+  with pytest.raises(ValueError, match="cannot fold in tiles of 16 rows a warp"):
+    call(tuning=KernelTuning(block_v=16, num_warps=2, k_chunk=16),
+         fold_tuning=KernelTuning(block_v=16, num_warps=1, k_chunk=16))
+  with pytest.raises(ValueError, match="at least 8 rows a warp"):  # lanes would hold copies
+    call(tuning=KernelTuning(block_v=16, num_warps=2, k_chunk=16),
+         fold_tuning=KernelTuning(block_v=4, num_warps=1, k_chunk=16))
+  with pytest.raises(ValueError, match="the triton ut form does not fold"):
+    call(tuning=KernelTuning(block_v=16, num_warps=2, k_chunk=16),
+         fold_tuning=KernelTuning(block_v=8, num_warps=1, k_chunk=16), form="ut")
+  with pytest.raises(ValueError, match="fold_count is int32\\[3\\]; expected int32\\[4\\]"):
+    call(tuning=KernelTuning(block_v=16, num_warps=2, k_chunk=16),
+         fold_tuning=KernelTuning(block_v=8, num_warps=1, k_chunk=16), fold_count=count[:3])
+
+
 def test_replay_form_and_knobs():
   c = replay_tests.Case(2, 2, 16, 1, 2, 16, 16, 16)
   inp = replay_tests.make_inputs(c)
@@ -424,26 +494,80 @@ def test_ssm_copy_schedules_compiled(T, L):
   run()
 
 
-@pytest.mark.parametrize("T,L,copy", [(2, 4, None), (4, 16, None), (2, 4, jnp.bfloat16)],
-                         ids=["T2-L4", "T4-L16", "T2-L4-copy"])
-def test_ssm_schedule_interpreted(T, L, copy, monkeypatch):
+@pytest.mark.parametrize("T,L,copy,split", [(2, 4, None, False), (4, 16, None, False),
+                                             (2, 4, jnp.bfloat16, False), (2, 4, None, True),
+                                             (2, 4, jnp.bfloat16, True)],
+                         ids=["T2-L4", "T4-L16", "T2-L4-copy", "T2-L4-split",
+                              "T2-L4-copy-split"])
+def test_ssm_schedule_interpreted(T, L, copy, split, monkeypatch, request):
   """One 40-step schedule (verify, decode, commit, reset, padding) through the ssm API on the
   triton backend in Triton's interpreter: the dispatch, and the bitwise folds end to end;
   with the checkpoint's bf16 copy too (`SpecConfig.checkpoint_copy`: bitwise the checkpoint
-  rounded at every step)."""
+  rounded at every step). With ``split``, its 4 rows take the split form (windows and decode),
+  whose stream folds the flush rows (`ssm.TRITON_FUSE_FOLD_BELOW`,
+  `ssm.TRITON_FUSE_FOLD_WITH_COPY`), in value heads of 64 rows (the stream's 64-row programs
+  fold in two 32-row tiles)."""
   if not INTERPRET:
     pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (test_interpreter_run)")
-  from replayssm_jax import config
+  from replayssm_jax import config, ssm
+
+  # The module (the package's ``replay_verify`` is its function).
+  triton_replay = importlib.import_module("replayssm_jax.kernels.triton.replay_verify")
 
   # SpecConfig(backend="triton") asks for jax-triton and a GPU; the interpreter needs neither.
   monkeypatch.setattr(config, "jax_triton_available", lambda: True)
   monkeypatch.setattr(config, "gpu_available", lambda: True)
+  gdn = test_ssm_replay.GDN
+  if split:  # the split form at 4 rows, folding in its stream (windows and the copy too)
+    monkeypatch.setattr(triton_replay, "SPLIT_MIN_BATCH", {"window": 1, "decode": 1})
+    monkeypatch.setattr(ssm, "TRITON_FUSE_FOLD_BELOW", dict.fromkeys(ssm.TRITON_FUSE_FOLD_BELOW))
+    monkeypatch.setattr(ssm, "TRITON_FUSE_FOLD_WITH_COPY",
+                        dict.fromkeys(ssm.TRITON_FUSE_FOLD_WITH_COPY, True))
+    jax.clear_caches()  # read at trace time
+    request.addfinalizer(jax.clear_caches)
+    gdn = test_ssm_replay.GDN_WIDE
+    spec = config.SpecConfig(draft_tokens=T, ring_len=L, backend="triton",
+                             checkpoint_copy=copy)
+    V = gdn.head_v_dim
+    for t in (1, T):
+      assert ssm._fuses_fold(spec, jnp.zeros((4, t)), ssm.default_state_tuning(spec, V),
+                             ssm.default_replay_tuning(spec, V, t, 4))
   rng = np.random.default_rng(T * L)
   steps = [([int(s) for s in rng.integers(-1, test_ssm_replay.SLOTS, 4)],
             [int(r) for r in rng.integers(0, T + 1, 4)], int(rng.integers(0, 16)),
             bool(rng.random() < 0.3)) for _ in range(40)]
   test_ssm_replay._run_schedule(T, L, "triton", (T * L, steps), interleave=True,
-                                checkpoint_copy=copy)
+                                checkpoint_copy=copy, gdn=gdn)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stream_fold", [True, False], ids=["stream_fold", "fold_kernel"])
+@pytest.mark.parametrize("T,L,decode_share,copy", [(4, 16, 0.3, None), (1, 2, 1.0, None),
+                                                   (4, 16, 0.3, jnp.bfloat16),
+                                                   (1, 2, 1.0, jnp.bfloat16)],
+                         ids=["T4-L16", "T1-L2", "T4-L16-copy", "T1-L2-copy"])
+def test_ssm_wide_batches_compiled(T, L, decode_share, copy, stream_fold, monkeypatch, request):
+  """`test_ssm_replay.test_wide_batches_split_form` on the triton backend: the split form's
+  rows (windows from 16, decode from 32), the flush rows folded in its stream or by the fold
+  kernel before it (`ssm.TRITON_FUSE_FOLD_BELOW`, `ssm.TRITON_FUSE_FOLD_WITH_COPY`); bitwise
+  after every fold."""
+  from replayssm_jax import ssm
+  from replayssm_jax.kernels.triton.replay_verify import SPLIT_MIN_BATCH
+
+  monkeypatch.setattr(ssm, "TRITON_FUSE_FOLD_BELOW",
+                      dict.fromkeys(ssm.TRITON_FUSE_FOLD_BELOW, None if stream_fold else 0))
+  monkeypatch.setattr(ssm, "TRITON_FUSE_FOLD_WITH_COPY",
+                      dict.fromkeys(ssm.TRITON_FUSE_FOLD_WITH_COPY, stream_fold))
+  jax.clear_caches()  # read at trace time
+  request.addfinalizer(jax.clear_caches)
+  B = SPLIT_MIN_BATCH["decode" if decode_share == 1.0 else "window"]
+  rng = np.random.default_rng(T + 11)
+  pair = test_ssm_replay.Pair.create(T, L, "triton", rng, gdn=test_ssm_replay.GDN_WIDE,
+                                     checkpoint_copy=copy)
+  V = test_ssm_replay.GDN_WIDE.head_v_dim
+  assert ssm._fuses_fold(pair.rep_spec, jnp.zeros((B, T)), ssm.default_state_tuning(pair.rep_spec, V),
+                         ssm.default_replay_tuning(pair.rep_spec, V, T, B)) is stream_fold
+  test_ssm_replay._drive_wide(pair, B, T, decode_share, rng)
 
 
 @pytest.mark.gpu
@@ -529,6 +653,40 @@ def test_state_kernels_hold_one_tile_layout(tuning, act):
                           "exact_fold_L16_copy")}
   assert all(len(v) == 1 for v in layouts.values()), layouts
   assert len(set.union(*layouts.values())) == 1, layouts
+
+
+def layout_fields(layout: str) -> dict[str, list[int]]:
+  """A blocked layout's ``sizePerThread``, ``threadsPerWarp`` and ``warpsPerCTA``."""
+  return {field: [int(n) for n in re.search(rf"{field} = \[([\d, ]+)\]", layout)[1].split(",")]
+          for field in ("sizePerThread", "threadsPerWarp", "warpsPerCTA")}
+
+
+@compiles
+@pytest.mark.parametrize("copy", [False, True], ids=["fp32", "copy"])
+def test_stream_folds_in_the_fold_kernels_layout(copy):
+  """The replay stream that folds (2 warps) holds its fold tiles as the one-warp fold kernel
+  holds its tile, but for the second warp's rows, and sums a key's norm as it does, a warp
+  holding a whole copy: the same reductions in the same order, which the bitwise tie needs of
+  the compiler (the GPU tests check the bits)."""
+  tuning = triton_kernels.state_tuning(128)
+  launches = compile_check.launches(**compile_check.ANCHOR)
+  stream = launches["replay_split_fold_stream_T1" + ("_copy" if copy else "")]
+  rows = stream.constexprs["FOLD_BV"]
+  stream_ir = compile_sm90(stream).asm["ttgir"]
+  fold_ir = compile_sm90(launches["exact_fold_L16"]).asm["ttgir"]
+  [fold_tile] = state_layouts(fold_ir, tile_shape(tuning.block_v, tuning.k_chunk))
+  [stream_tile] = state_layouts(stream_ir, tile_shape(rows, tuning.k_chunk))
+  fold_tile, stream_tile = layout_fields(fold_tile), layout_fields(stream_tile)
+  assert stream_tile["sizePerThread"] == fold_tile["sizePerThread"]
+  assert stream_tile["threadsPerWarp"] == fold_tile["threadsPerWarp"]
+  row_axis = 1 - tile.CHUNK_AXIS
+  assert stream_tile["warpsPerCTA"][row_axis] == stream.num_warps == 2
+  [fold_norm] = state_layouts(fold_ir, "32x1x4")  # [lanes, copies, K // 32]
+  [stream_norm] = state_layouts(stream_ir, "32x2x4")
+  fold_norm, stream_norm = layout_fields(fold_norm), layout_fields(stream_norm)
+  assert stream_norm["sizePerThread"] == fold_norm["sizePerThread"] == [1, 1, 4]
+  assert stream_norm["threadsPerWarp"] == fold_norm["threadsPerWarp"] == [32, 1, 1]
+  assert stream_norm["warpsPerCTA"] == [1, 2, 1]
 
 
 @compiles

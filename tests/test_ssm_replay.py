@@ -135,10 +135,10 @@ def _distinct(slots):
 
 
 def _run_schedule(T, L, backend, schedule, *, interleave, fold_together=None,
-                  checkpoint_copy=None):
+                  checkpoint_copy=None, gdn=GDN):
   seed, steps = schedule
   rng = np.random.default_rng(seed)
-  pair = Pair.create(T, L, backend, rng, fold_together=fold_together,
+  pair = Pair.create(T, L, backend, rng, gdn=gdn, fold_together=fold_together,
                      checkpoint_copy=checkpoint_copy)
   pair.reset(list(range(SLOTS)), rng)
   for slots, rejected, reset, decode in steps:

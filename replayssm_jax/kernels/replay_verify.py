@@ -411,6 +411,14 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                              interpret=interpret, form=form)
 
 
+def check_fold_rows(fold_count, fold_base, slot_ids) -> None:
+  """A fold's ``fold_count`` and ``fold_base``: int32, one a row."""
+  for name, x in (("fold_count", fold_count), ("fold_base", fold_base)):
+    if x.shape != slot_ids.shape or x.dtype != jnp.int32:
+      raise ValueError(f"{name} is {jnp.dtype(x.dtype).name}{list(x.shape)}; expected "
+                       f"int32{list(slot_ids.shape)}.")
+
+
 def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
                            q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
                            fold_count, fold_base, *, tuning: KernelTuning,
@@ -443,10 +451,7 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
     fold_kernels.check_copy(ssm, ssm_copy)
   form = _checked_form((ssm if ssm_copy is None else ssm_copy, *args[1:]), tuning,
                        dot_precision, form)
-  for name, x in (("fold_count", fold_count), ("fold_base", fold_base)):
-    if x.shape != slot_ids.shape or x.dtype != jnp.int32:
-      raise ValueError(f"{name} is {jnp.dtype(x.dtype).name}{list(x.shape)}; expected "
-                       f"int32{list(slot_ids.shape)}.")
+  check_fold_rows(fold_count, fold_base, slot_ids)
   fold_tuning.check(v.shape[-1], q.shape[-1])
   if ssm_copy is not None and not form.startswith("split"):
     # Their loads of the copy lend the fold's record loop their layout (sm_90, the vector

@@ -7,8 +7,9 @@ nothing written) as the Pallas kernels, so `replayssm_jax.ssm` dispatches to the
 - `fold` (`fold`): the exact fold, bitwise equal to the recurrent verify by construction (one
   shared step function in `tile`, one `KernelTuning`);
 - `replay_verify` (`replay_verify`): the split form (`replay_split`: coefficients, then a
-  pipelined checkpoint stream) for a window from 16 rows and for decode (T = 1) from 64;
-  below, a window in the UT form (any T <= 16), decode in the dot-free vector form.
+  pipelined checkpoint stream) for a window from 16 rows and for decode (T = 1) from 32;
+  below, a window in the UT form (any T <= 16), decode in the dot-free vector form;
+- `fold_and_replay_verify`: the split form whose stream folds the flush rows first.
 
 `launch` runs a kernel through `jax_triton.triton_call` on a GPU, through Triton's interpreter
 under ``TRITON_INTERPRET=1`` (CPU tests), or compiles it for sm_90 without a GPU
@@ -24,13 +25,16 @@ from __future__ import annotations
 
 from replayssm_jax.kernels.backend import KernelTuning
 
-__all__ = ["fold", "recurrent_decode", "recurrent_verify", "replay_verify", "replay_tuning",
-           "state_tuning"]
+__all__ = ["fold", "fold_and_replay_verify", "recurrent_decode", "recurrent_verify",
+           "replay_form", "replay_verify", "replay_tuning", "state_tuning",
+           "stream_fold_block_v"]
 
 try:
   from replayssm_jax.kernels.triton.fold import fold
   from replayssm_jax.kernels.triton.recurrent import recurrent_decode, recurrent_verify
-  from replayssm_jax.kernels.triton.replay_verify import replay_verify
+  from replayssm_jax.kernels.triton.replay_split import stream_fold_block_v
+  from replayssm_jax.kernels.triton.replay_verify import (fold_and_replay_verify, replay_form,
+                                                          replay_verify)
 except ModuleNotFoundError as error:  # triton is optional: the package still imports (tuning)
   if error.name != "triton":
     raise

@@ -23,7 +23,7 @@ from replayssm_jax.kernels.triton import replay_tuning, state_tuning
 from replayssm_jax.kernels.triton.fold import fold_launch
 from replayssm_jax.kernels.triton.launch import SMS, Launch, compile_sm90, resource_usage
 from replayssm_jax.kernels.triton.recurrent import recurrent_launch
-from replayssm_jax.kernels.triton.replay_split import split_launches
+from replayssm_jax.kernels.triton.replay_split import split_launches, stream_fold_block_v
 from replayssm_jax.kernels.triton.replay_verify import replay_verify_launch
 
 ANCHOR = dict(H=16, HV=32, K=128, V=128, T=4, L=16, slots=8, B=4)
@@ -66,6 +66,15 @@ def launches(*, H: int, HV: int, K: int, V: int, T: int, L: int, slots: int = 8,
          for t, x in ((T, win), (1, one))
          for part, launch in zip(("coefficients", "stream"), split_launches(
              *replay(x), tuning=replay_tuning(V, T, B=256), dot_precision=dot_precision))},
+      # The stream that folds the flush rows first (`fold_replay_verify_split`), at decode,
+      # where its programs hold whole fold tiles.
+      **{f"replay_split_fold_stream_T1{suffix}": split_launches(
+          *states(one), tuning=replay_tuning(V, 1, B=256, copy=bool(suffix)),
+          dot_precision=dot_precision, fold_tuning=state,
+          checkpoint=one["ssm"] if suffix else None)[1]
+         for suffix, states in (("", replay), ("_copy", copy))
+         if stream_fold_block_v(replay_tuning(V, 1, B=256), state)
+         and (not suffix or dot_precision in ("default", "bf16"))},
   }
 
 

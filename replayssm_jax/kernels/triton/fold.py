@@ -46,34 +46,77 @@ def _lines(ptr, n: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_records(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, slot, h, kh, j,
-                      count, base, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
+def _prefetch_records(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, slot, h, kh,
+                      first_row, count, base, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
   """All ``count`` records of the program into L1: raw k (a row of K), its BV columns of raw v,
   and the rows of g and beta of head h. Ring entries past ``count`` repeat the last."""
   p = (base + tl.minimum(tl.arange(0, L), count - 1)) & (L - 1)
   tile.prefetch(((slot * H + kh) * L + p)[:, None] * K + _lines(ring_rawk_ptr, K)[None, :], "L1")
-  tile.prefetch(((slot * HV + h) * L + p)[:, None] * V + j * BV
+  tile.prefetch(((slot * HV + h) * L + p)[:, None] * V + first_row
                 + _lines(ring_rawv_ptr, BV)[None, :], "L1")
   tile.prefetch(_lines(ring_g_ptr + (slot * HV + h) * L, L), "L1")
   tile.prefetch(_lines(ring_beta_ptr + (slot * HV + h) * L, L), "L1")
 
 
 @triton.jit
-def _record(rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record, j, p, K: tl.constexpr,
-            V: tl.constexpr, BV: tl.constexpr):
+def _record(rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record, first_row, p,
+            K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, WARPS: tl.constexpr):
   """Record p's ``(1 / |raw k|, v, g, beta)``; ``rawk_ptr`` and ``record`` point at the
   program's rows of the rings."""
-  v = tl.load(ring_rawv_ptr + (record + p) * V + j * BV + tl.arange(0, BV)).to(tl.float32)
-  return (tile.inverse_norm(rawk_ptr + p * K, K), v, tl.load(ring_g_ptr + record + p),
+  v = tl.load(ring_rawv_ptr + (record + p) * V + first_row + tl.arange(0, BV)).to(tl.float32)
+  return (tile.inverse_norm(rawk_ptr + p * K, K, WARPS), v, tl.load(ring_g_ptr + record + p),
           tl.load(ring_beta_ptr + record + p))
+
+
+@triton.jit
+def fold_tile(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, ssm_ptr, slot, h, kh,
+              first_row, count, base, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
+              K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr,
+              WARPS: tl.constexpr):
+  """Replay ``count`` records from ring index ``base`` into the ``[BV, K]`` tile of rows
+  ``first_row ..`` of (slot, h), in place: the fold kernel's loop, which a replay stream of more
+  warps runs too (`replay_split`), in tiles of as many rows a warp (one layout, one rounding)."""
+  rows, cols = tile.state_offsets(BV, K, KC)
+  state = ssm_ptr + ((slot * HV + h) * V + first_row) * K
+  S = tile.load_tile(state, rows, cols)
+  _prefetch_records(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, slot, h, kh,
+                    first_row, count, base, L, H, HV, K, V, BV)
+  rawk = ring_rawk_ptr + (slot * H + kh) * L * K
+  record = (slot * HV + h) * L
+  # Record i + 1's norm, v, g and beta are loaded right after record i's update; its k, as
+  # large as the tile, where used.
+  inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record,
+                                 first_row, base & (L - 1), K, V, BV, WARPS)
+  for i in range(count):
+    p = (base + i) & (L - 1)
+    k = tile.load_vector(rawk + p * K, rows, cols)
+    S, d = tile.delta_rule_step(S, k, inv_norm, v, g, beta)
+    inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record,
+                                   first_row, (base + i + 1) & (L - 1), K, V, BV, WARPS)
+  tile.store_tile(state, rows, cols, S)
+
+
+@triton.jit
+def round_into_copy(ssm_ptr, copy_ptr, slot, h, first_row, HV: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr):
+  """Rows ``first_row .. + BV`` of (slot, h)'s folded checkpoint, read back (from L2), rounded
+  into its bf16 copy, in ``[BV, KC]`` blocks of offsets of their own, not from the loop's tile:
+  the Pallas fold's bf16 store of the loop's tile had Triton lay the loop out anew, which the
+  bitwise tie cannot take."""
+  tl.debug_barrier()  # the program's threads read what its other threads stored
+  offset = ((slot * HV + h) * V + first_row) * K
+  block = tl.arange(0, BV)[:, None] * K + tl.arange(0, KC)[None, :]
+  for c in tl.static_range(0, K, KC):
+    rounded = tl.load(ssm_ptr + offset + block + c).to(copy_ptr.dtype.element_ty)
+    tl.store(copy_ptr + offset + block + c, rounded)
 
 
 @triton.jit
 def _fold_program(slot_ids_ptr, count_ptr, cache_base_ptr, ring_rawk_ptr, ring_rawv_ptr,
                   ring_g_ptr, ring_beta_ptr, ssm_ptr, copy_ptr, COPY: tl.constexpr,
                   L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                  V: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr):
+                  V: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr, WARPS: tl.constexpr):
   """One program's fold of its ``[BV, K]`` tile; with ``COPY``, the folded tile rounded into
   ``copy_ptr`` too (`SpecConfig.checkpoint_copy`)."""
   j, h, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -81,32 +124,10 @@ def _fold_program(slot_ids_ptr, count_ptr, cache_base_ptr, ring_rawk_ptr, ring_r
   count, base = tl.load(count_ptr + row), tl.load(cache_base_ptr + row)
   kh = h // (HV // H)
   if (slot >= 0) & (count > 0):
-    rows, cols = tile.state_offsets(BV, K, KC)
-    state = ssm_ptr + ((slot * HV + h) * V + j * BV) * K
-    S = tile.load_tile(state, rows, cols)
-    _prefetch_records(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, slot, h, kh, j,
-                      count, base, L, H, HV, K, V, BV)
-    rawk = ring_rawk_ptr + (slot * H + kh) * L * K
-    record = (slot * HV + h) * L
-    # Record i + 1's norm, v, g and beta are loaded right after record i's update; its k, as
-    # large as the tile, where used.
-    inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record, j,
-                                   base & (L - 1), K, V, BV)
-    for i in range(count):
-      p = (base + i) & (L - 1)
-      k = tile.load_vector(rawk + p * K, rows, cols)
-      S, d = tile.delta_rule_step(S, k, inv_norm, v, g, beta)
-      inv_norm, v, g, beta = _record(rawk, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, record, j,
-                                     (base + i + 1) & (L - 1), K, V, BV)
-    tile.store_tile(state, rows, cols, S)
+    fold_tile(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, ssm_ptr, slot, h, kh,
+              j * BV, count, base, L, H, HV, K, V, BV, KC, WARPS)
     if COPY:
-      # Rounded from the stored tile read back (from L2), as a [BV, K] block of offsets of its
-      # own, not from the loop's tile: the Pallas fold's bf16 store of the loop's tile had
-      # Triton lay the loop out anew, which the bitwise tie cannot take.
-      tl.debug_barrier()  # the program's threads read what its other threads stored
-      block = tl.arange(0, BV)[:, None] * K + tl.arange(0, K)[None, :]
-      rounded = tl.load(state + block).to(copy_ptr.dtype.element_ty)
-      tl.store(copy_ptr + ((slot * HV + h) * V + j * BV) * K + block, rounded)
+      round_into_copy(ssm_ptr, copy_ptr, slot, h, j * BV, HV, K, V, BV, K)
 
 
 @triton.jit
@@ -123,10 +144,10 @@ def _fold_kernel(
     # outputs
     ssm_ptr,  # [slots, HV, V, K] f32, updated in place
     L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, KC: tl.constexpr,
+    BV: tl.constexpr, KC: tl.constexpr, WARPS: tl.constexpr,  # the launch's warps
 ):
   _fold_program(slot_ids_ptr, count_ptr, cache_base_ptr, ring_rawk_ptr, ring_rawv_ptr,
-                ring_g_ptr, ring_beta_ptr, ssm_ptr, ssm_ptr, False, L, H, HV, K, V, BV, KC)
+                ring_g_ptr, ring_beta_ptr, ssm_ptr, ssm_ptr, False, L, H, HV, K, V, BV, KC, WARPS)
 
 
 @triton.jit
@@ -139,10 +160,11 @@ def _fold_copy_kernel(
     ssm_ptr,  # [slots, HV, V, K] f32, updated in place
     ssm_copy_ptr,  # [slots, HV, V, K] bf16, updated in place
     L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, KC: tl.constexpr,
+    BV: tl.constexpr, KC: tl.constexpr, WARPS: tl.constexpr,
 ):
   _fold_program(slot_ids_ptr, count_ptr, cache_base_ptr, ring_rawk_ptr, ring_rawv_ptr,
-                ring_g_ptr, ring_beta_ptr, ssm_ptr, ssm_copy_ptr, True, L, H, HV, K, V, BV, KC)
+                ring_g_ptr, ring_beta_ptr, ssm_ptr, ssm_copy_ptr, True, L, H, HV, K, V, BV, KC,
+                WARPS)
 
 
 def fold_launch(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, cache_base, *,
@@ -163,7 +185,8 @@ def fold_launch(ssm, ring_rawk, ring_rawv, ring_g, ring_beta, slot_ids, count, c
       grid=(V // tuning.block_v, HV, slot_ids.shape[0]),
       inputs=inputs,
       outputs=outputs,
-      constexprs=dict(L=L, H=H, HV=HV, K=K, V=V, BV=tuning.block_v, KC=kc),
+      constexprs=dict(L=L, H=H, HV=HV, K=K, V=V, BV=tuning.block_v, KC=kc,
+                      WARPS=tuning.num_warps),
       num_warps=tuning.num_warps, num_stages=tuning.num_stages, fp_fusion=tile.FP_FUSION)
 
 

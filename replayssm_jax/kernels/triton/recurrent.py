@@ -31,7 +31,7 @@ from replayssm_jax.kernels.triton.launch import Launch, run
 def _recurrent(slot_ids_ptr, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
                ssm_ptr, o_ptr, states_ptr, T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
                K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, KC: tl.constexpr,
-               STORE_EACH_STEP: tl.constexpr):
+               WARPS: tl.constexpr, STORE_EACH_STEP: tl.constexpr):
   """The body of both kernels; ``states_ptr`` is intermediate (verify) or ssm (decode)."""
   j, h, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
   slot = tl.load(slot_ids_ptr + row).to(tl.int64)
@@ -47,12 +47,12 @@ def _recurrent(slot_ids_ptr, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bi
     A_log, dt_bias = tl.load(A_log_ptr + h), tl.load(dt_bias_ptr + h)
     for t in range(T):
       token = tokens + t
-      k, k_norm = tile.load_key(k_ptr + (token * H + kh) * K, rows, cols, K)
+      k, k_norm = tile.load_key(k_ptr + (token * H + kh) * K, rows, cols, K, WARPS)
       g, beta = tile.gating(tl.load(a_ptr + token * HV + h), tl.load(b_ptr + token * HV + h),
                             A_log, dt_bias)
       v = tl.load(v_ptr + (token * HV + h) * V + v_cols).to(tl.float32)
       S, d = tile.delta_rule_step(S, k, k_norm, v, g, beta)
-      q, q_norm = tile.load_key(q_ptr + (token * H + kh) * K, rows, cols, K)
+      q, q_norm = tile.load_key(q_ptr + (token * H + kh) * K, rows, cols, K, WARPS)
       tl.store(o_ptr + (token * HV + h) * V + v_cols,
                tile.scaled_matvec(S, q, q_norm, K ** -0.5).to(o_ptr.dtype.element_ty))
       if STORE_EACH_STEP:
@@ -78,10 +78,10 @@ def _recurrent_verify_kernel(
     o_ptr,  # [B, T, HV, V] activation
     intermediate_ptr,  # [slots, T, HV, V, K] f32
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, KC: tl.constexpr,
+    BV: tl.constexpr, KC: tl.constexpr, WARPS: tl.constexpr,  # the launch's warps
 ):
   _recurrent(slot_ids_ptr, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ssm_ptr,
-             o_ptr, intermediate_ptr, T, H, HV, K, V, BV, KC, True)
+             o_ptr, intermediate_ptr, T, H, HV, K, V, BV, KC, WARPS, True)
 
 
 @triton.jit
@@ -93,10 +93,10 @@ def _recurrent_decode_kernel(
     o_ptr,  # [B, 1, HV, V] activation
     ssm_ptr,  # [slots, HV, V, K] f32, updated in place
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, KC: tl.constexpr,
+    BV: tl.constexpr, KC: tl.constexpr, WARPS: tl.constexpr,
 ):
   _recurrent(slot_ids_ptr, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ssm_ptr,
-             o_ptr, ssm_ptr, T, H, HV, K, V, BV, KC, False)
+             o_ptr, ssm_ptr, T, H, HV, K, V, BV, KC, WARPS, False)
 
 
 def recurrent_launch(slot_ids, q, k, v, a, b, A_log, dt_bias, ssm, intermediate, *,
@@ -117,7 +117,8 @@ def recurrent_launch(slot_ids, q, k, v, a, b, A_log, dt_bias, ssm, intermediate,
       inputs=inputs,
       outputs=dict(o=jax.ShapeDtypeStruct(v.shape, v.dtype),
                    states="intermediate" if verify else "ssm"),
-      constexprs=dict(T=T, H=H, HV=HV, K=K, V=V, BV=tuning.block_v, KC=kc),
+      constexprs=dict(T=T, H=H, HV=HV, K=K, V=V, BV=tuning.block_v, KC=kc,
+                      WARPS=tuning.num_warps),
       num_warps=tuning.num_warps, num_stages=tuning.num_stages, fp_fusion=tile.FP_FUSION)
 
 

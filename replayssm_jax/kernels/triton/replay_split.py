@@ -21,6 +21,15 @@ full) in two launches:
    products on the tensor cores (`EPILOGUE_PRECISION`); it writes o and the d and raw v
    records.
 
+`fold_replay_verify_split` launches the stream that folds first (`_fold_stream_kernel`): a
+program of a row with records to fold replays them into its checkpoint rows, in place, in the
+fold kernel's tiles and loop (`fold.fold_tile`: as many rows a warp as its one-warp programs, so
+the same layout and the same bits), then streams them; no fold kernel is launched, at the cost
+of the fold's registers in every program (168 against 128, 6 programs an SM against 8). Decode
+takes it (`ssm.TRITON_FUSE_FOLD_BELOW`; H100, benchmarks/NOTES.md run 51: the B=256 cycle 287.1
+-> 261.6 us a step in phase, 279.1 -> 271.4 out of phase); windows, whose steps fold more rows
+at once, fold apart.
+
 Same contract as `replay_verify.replay_verify`: ``ssm`` only read, the window's records at
 ``phys(write_pos + s)``, every other ring entry untouched, a padding row (slot -1) gets zero
 outputs and writes nothing (its scratch is never written nor read). Every operand of the
@@ -36,6 +45,7 @@ the UT form's 501.2; the Pallas split form takes 177.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -44,9 +54,11 @@ import triton
 import triton.language as tl
 
 from replayssm_jax.config import next_power_of_two
+from replayssm_jax.kernels import replay_split as pallas_split
 from replayssm_jax.kernels import replay_verify as pallas_replay
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.triton import tile
+from replayssm_jax.kernels.triton.fold import fold_tile, round_into_copy
 from replayssm_jax.kernels.triton.launch import Launch, run
 from replayssm_jax.kernels.triton.replay_parts import (INPUT_PRECISION, MIN_DOT,
                                                        history_weights,
@@ -109,6 +121,10 @@ EPILOGUE_PRECISION = "tf32x3"
 # run 38): B=256 verify 240.3 -> 239.0 us, decode 255.1 -> 253.6, B=64 even; on since
 # session 39 (the tables' H200 runs had it off).
 HISTORY_SCAN = True
+# Columns of the folded checkpoint rows a stream program reads back and rounds into the bf16
+# copy at once (`fold.round_into_copy`): [64, 32] fp32 over the stream's 2 warps, 32 registers a
+# thread, where whole rows would take 128.
+COPY_ROUND_CHUNK = tl.constexpr(32)
 
 
 @triton.jit
@@ -335,31 +351,40 @@ def _window_values(ring_d_in_ptr, v_row, value_head, write_pos, cache_base, wind
 
 
 @triton.jit
-def _stream_kernel(
-    # inputs
-    slot_ids_ptr, write_pos_ptr, cache_base_ptr,  # [B] int32
-    q_ptr, k_ptr,  # [B, T, H, K] activation: the raw window, X
-    v_ptr,  # [B, T, HV, V] activation
-    ssm_ptr,  # [slots, HV, V, K] f32, or its bf16 copy (`SpecConfig.checkpoint_copy`); read only
-    zh_ptr, zt_ptr, eq_ptr,  # the coefficients kernel's scratch
-    ring_d_in_ptr,  # [slots, HV, L, V] ring dtype (the buffer of ring_d_ptr)
-    ring_rawv_in_ptr,  # the buffer of ring_rawv_ptr; not read
-    # outputs
-    o_ptr,  # [B, T, HV, V] activation
-    ring_d_ptr,  # [slots, HV, L, V] ring dtype
-    ring_rawv_ptr,  # [slots, HV, L, V] activation
+def _stream_program(
+    slot_ids_ptr, write_pos_ptr, cache_base_ptr, q_ptr, k_ptr, v_ptr,
+    ssm_ptr,  # what the stream reads: the fp32 checkpoint or its bf16 copy
+    zh_ptr, zt_ptr, eq_ptr, ring_d_in_ptr, o_ptr, ring_d_ptr, ring_rawv_ptr,
+    fold_count_ptr, fold_base_ptr, ring_rawk_ptr, ring_g_ptr, ring_beta_ptr,  # with FOLD
+    checkpoint_ptr,  # with FOLD: the fp32 checkpoint the fold replays into (ssm_ptr's, or the
+    # one behind the copy with COPY)
     T: tl.constexpr, TP: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     KC: tl.constexpr, PRECISION: tl.constexpr, EPILOGUE_PRECISION: tl.constexpr,
-    CHECKPOINT_PRECISION: tl.constexpr,  # ``Y = X S0^T``'s: PRECISION, "bf16" on the copy
+    CHECKPOINT_PRECISION: tl.constexpr, FOLD: tl.constexpr, COPY: tl.constexpr,
+    FOLD_BV: tl.constexpr, FOLD_KC: tl.constexpr, WARPS: tl.constexpr,
 ):
   """``X = [q; k]`` stacked in ``XP`` rows (q's tokens from row 0, k's from row XP / 2) makes
   one dot a K-chunk, ``Y = X S0^T``; the epilogue reads ``Y_q`` and ``Y_k`` through the
   columns of its coefficients (``eq`` as a diagonal over the q rows, ``Dy`` over the k rows)
-  rather than by slicing rows out of Y, which Triton cannot."""
+  rather than by slicing rows out of Y, which Triton cannot. With ``FOLD``, a row with
+  ``fold_count > 0`` first replays its records into the program's checkpoint rows, in tiles of
+  ``FOLD_BV`` rows (`fold.fold_tile`), and with ``COPY`` rounds them into the copy it streams."""
   j, h, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
   slot = tl.load(slot_ids_ptr + row).to(tl.int64)
   kh = h // (HV // H)
+  if FOLD:  # before the stream's own values, which would stay live through the fold's loop
+    fold_count = tl.load(fold_count_ptr + row)
+    if (slot >= 0) & (fold_count > 0):  # the records into the rows the program streams next
+      fold_base = tl.load(fold_base_ptr + row)
+      for t in tl.static_range(BV // FOLD_BV):
+        fold_tile(ring_rawk_ptr, ring_rawv_ptr, ring_g_ptr, ring_beta_ptr, checkpoint_ptr, slot,
+                  h, kh, j * BV + t * FOLD_BV, fold_count, fold_base, L, H, HV, K, V, FOLD_BV,
+                  FOLD_KC, WARPS)
+      if COPY:
+        round_into_copy(checkpoint_ptr, ssm_ptr, slot, h, j * BV, HV, K, V, BV,
+                        min(COPY_ROUND_CHUNK, K))
+      tl.debug_barrier()  # the stream's loads read what the program's other threads stored
   first = row.to(tl.int64) * T
   o_row, v_row = o_ptr + (first * HV + h) * V, v_ptr + (first * HV + h) * V
   s, in_window, src = window_rows(T, TP)
@@ -404,6 +429,78 @@ def _stream_kernel(
     records = value_head * V + phys[:, None] * V + v_cols[None, :]
     tl.store(ring_d_ptr + records, D.to(ring_d_ptr.dtype.element_ty), mask=in_window[:, None])
     tl.store(ring_rawv_ptr + records, v_raw, mask=in_window[:, None])
+
+
+@triton.jit
+def _stream_kernel(
+    # inputs
+    slot_ids_ptr, write_pos_ptr, cache_base_ptr,  # [B] int32
+    q_ptr, k_ptr,  # [B, T, H, K] activation: the raw window, X
+    v_ptr,  # [B, T, HV, V] activation
+    ssm_ptr,  # [slots, HV, V, K] f32, or its bf16 copy (`SpecConfig.checkpoint_copy`); read only
+    zh_ptr, zt_ptr, eq_ptr,  # the coefficients kernel's scratch
+    ring_d_in_ptr,  # [slots, HV, L, V] ring dtype (the buffer of ring_d_ptr)
+    ring_rawv_in_ptr,  # the buffer of ring_rawv_ptr; not read
+    # outputs
+    o_ptr,  # [B, T, HV, V] activation
+    ring_d_ptr,  # [slots, HV, L, V] ring dtype
+    ring_rawv_ptr,  # [slots, HV, L, V] activation
+    T: tl.constexpr, TP: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    KC: tl.constexpr, PRECISION: tl.constexpr, EPILOGUE_PRECISION: tl.constexpr,
+    CHECKPOINT_PRECISION: tl.constexpr,  # ``Y = X S0^T``'s: PRECISION, "bf16" on the copy
+):
+  _stream_program(slot_ids_ptr, write_pos_ptr, cache_base_ptr, q_ptr, k_ptr, v_ptr, ssm_ptr,
+                  zh_ptr, zt_ptr, eq_ptr, ring_d_in_ptr, o_ptr, ring_d_ptr, ring_rawv_ptr,
+                  None, None, None, None, None, None, T, TP, XP, L, LP, H, HV, K, V, BV, KC,
+                  PRECISION, EPILOGUE_PRECISION, CHECKPOINT_PRECISION, False, False, BV, KC, 1)
+
+
+@triton.jit
+def _fold_stream_kernel(
+    # inputs: as _stream_kernel's (ssm_ptr's buffer, aliased, is ssm_out_ptr), then
+    slot_ids_ptr, write_pos_ptr, cache_base_ptr, q_ptr, k_ptr, v_ptr, ssm_ptr, zh_ptr, zt_ptr,
+    eq_ptr, ring_d_in_ptr, ring_rawv_in_ptr,
+    fold_count_ptr, fold_base_ptr,  # [B] int32: records to fold, from ring index fold_base
+    ring_rawk_ptr,  # [slots, H, L, K] activation
+    ring_g_ptr, ring_beta_ptr,  # [slots, HV, L] f32
+    # outputs: as _stream_kernel's, then
+    o_ptr, ring_d_ptr, ring_rawv_ptr,
+    ssm_out_ptr,  # [slots, HV, V, K] f32: the folding rows' checkpoints, in place
+    T: tl.constexpr, TP: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    KC: tl.constexpr, PRECISION: tl.constexpr, EPILOGUE_PRECISION: tl.constexpr,
+    CHECKPOINT_PRECISION: tl.constexpr, FOLD_BV: tl.constexpr, FOLD_KC: tl.constexpr,
+    WARPS: tl.constexpr,  # the launch's warps (`tile.inverse_norm`)
+):
+  _stream_program(slot_ids_ptr, write_pos_ptr, cache_base_ptr, q_ptr, k_ptr, v_ptr, ssm_out_ptr,
+                  zh_ptr, zt_ptr, eq_ptr, ring_d_in_ptr, o_ptr, ring_d_ptr, ring_rawv_ptr,
+                  fold_count_ptr, fold_base_ptr, ring_rawk_ptr, ring_g_ptr, ring_beta_ptr,
+                  ssm_out_ptr, T, TP, XP, L, LP, H, HV, K, V, BV, KC, PRECISION,
+                  EPILOGUE_PRECISION, CHECKPOINT_PRECISION, True, False, FOLD_BV, FOLD_KC, WARPS)
+
+
+@triton.jit
+def _fold_stream_copy_kernel(
+    # inputs: as _fold_stream_kernel's (ssm_ptr the bf16 copy), then
+    slot_ids_ptr, write_pos_ptr, cache_base_ptr, q_ptr, k_ptr, v_ptr, ssm_ptr, zh_ptr, zt_ptr,
+    eq_ptr, ring_d_in_ptr, ring_rawv_in_ptr, fold_count_ptr, fold_base_ptr, ring_rawk_ptr,
+    ring_g_ptr, ring_beta_ptr,
+    checkpoint_ptr,  # [slots, HV, V, K] f32, the buffer of checkpoint_out_ptr
+    # outputs: as _fold_stream_kernel's (ssm_out_ptr the copy), then
+    o_ptr, ring_d_ptr, ring_rawv_ptr, ssm_out_ptr,
+    checkpoint_out_ptr,  # [slots, HV, V, K] f32: the folding rows' checkpoints, in place
+    T: tl.constexpr, TP: tl.constexpr, XP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    KC: tl.constexpr, PRECISION: tl.constexpr, EPILOGUE_PRECISION: tl.constexpr,
+    CHECKPOINT_PRECISION: tl.constexpr, FOLD_BV: tl.constexpr, FOLD_KC: tl.constexpr,
+    WARPS: tl.constexpr,  # the launch's warps (`tile.inverse_norm`)
+):
+  _stream_program(slot_ids_ptr, write_pos_ptr, cache_base_ptr, q_ptr, k_ptr, v_ptr, ssm_out_ptr,
+                  zh_ptr, zt_ptr, eq_ptr, ring_d_in_ptr, o_ptr, ring_d_ptr, ring_rawv_ptr,
+                  fold_count_ptr, fold_base_ptr, ring_rawk_ptr, ring_g_ptr, ring_beta_ptr,
+                  checkpoint_out_ptr, T, TP, XP, L, LP, H, HV, K, V, BV, KC, PRECISION,
+                  EPILOGUE_PRECISION, CHECKPOINT_PRECISION, True, True, FOLD_BV, FOLD_KC, WARPS)
 
 
 def _scratch(B: int, T: int, HV: int, LP: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -462,45 +559,133 @@ def coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_l
       num_warps=COEFFICIENT_WARPS, num_stages=1)
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamFold:
+  """What a stream launch folds first (`fold_replay_verify_split`): ``count`` records of each
+  row from ring index ``base`` (int32[B]), read from the raw rings, in tiles laid out as the
+  recurrent kernels' (``tuning``, the bitwise tie); ``checkpoint``, the fp32 checkpoints, when
+  the stream reads their bf16 copy."""
+
+  count: jax.Array
+  base: jax.Array
+  ring_rawk: jax.Array
+  ring_g: jax.Array
+  ring_beta: jax.Array
+  tuning: KernelTuning
+  checkpoint: jax.Array | None = None
+
+
+def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
+  """Rows of the tiles a stream program of ``tuning`` folds in, 0 if it cannot: as many a warp
+  as the recurrent kernels' (``fold_tuning``; `pallas_split.stream_fold_block_v`), so that a
+  tile is laid out and rounds as theirs, and at least as many as a warp's lanes cover (``128 /
+  k_chunk``: a K-chunk's 4-element vectors take the other lanes), so that neither layout holds
+  copies of rows, which Triton places by the warps (H100, run 51: tiles of 4 rows a warp folded
+  1-2 ulp off)."""
+  rows = pallas_split.stream_fold_block_v(tuning, fold_tuning)
+  lanes_of_rows = 32 // max(1, fold_tuning.k_chunk // tile.VECTOR_WIDTH.value)
+  return rows if fold_tuning.block_v // fold_tuning.num_warps >= lanes_of_rows else 0
+
+
+def checked_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
+  """`stream_fold_block_v`, which must not be 0.
+
+  Raises:
+    ValueError: the stream's programs cannot fold in the recurrent kernels' layout.
+  """
+  rows = stream_fold_block_v(tuning, fold_tuning)
+  if not rows:
+    raise ValueError(
+        f"a stream program ({tuning.block_v} rows, {tuning.num_warps} warps) cannot fold in "
+        f"tiles of {fold_tuning.block_v // fold_tuning.num_warps} rows a warp, as the recurrent "
+        f"kernels' ({fold_tuning.block_v} rows, {fold_tuning.num_warps} warps, K-chunks of "
+        f"{fold_tuning.k_chunk}): it needs whole tiles a program and at least "
+        f"{32 * tile.VECTOR_WIDTH.value // fold_tuning.k_chunk} rows a warp.")
+  return rows
+
+
 def stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_pos, cache_base,
-                  *, L: int, tuning: KernelTuning, dot_precision: str) -> Launch:
-  """The stream kernel's launch: outputs ``(o, ring_d, ring_rawv)``, the rings in place."""
+                  *, L: int, tuning: KernelTuning, dot_precision: str,
+                  fold: StreamFold | None = None) -> Launch:
+  """The stream kernel's launch: outputs ``(o, ring_d, ring_rawv)``, the rings in place; with
+  ``fold``, then ``ssm`` (and the fp32 checkpoint behind a copy), folded in place."""
   dims = _dims(q, v, L)
   B, T = q.shape[:2]
   V = v.shape[3]
   kc = min(tuning.k_chunk, dims["K"])
+  copy = ssm.dtype == jnp.bfloat16
+  inputs = dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, v=v,
+                ssm=ssm, zh=zh, zt=zt, eq=eq, ring_d=ring_d, ring_rawv=ring_rawv)
+  outputs = dict(o=jax.ShapeDtypeStruct(v.shape, v.dtype), ring_d="ring_d", ring_rawv="ring_rawv")
+  constexprs = dict(dims, TP=max(MIN_DOT, next_power_of_two(T)),
+                    XP=max(MIN_DOT, 2 * next_power_of_two(T)), V=V, BV=tuning.block_v, KC=kc,
+                    PRECISION=INPUT_PRECISION[dot_precision],
+                    EPILOGUE_PRECISION=("ieee" if dot_precision == "ieee"
+                                        else EPILOGUE_PRECISION),
+                    # The checkpoint's bf16 copy: a bf16 dot (the raw window is bf16 too).
+                    CHECKPOINT_PRECISION="bf16" if copy else INPUT_PRECISION[dot_precision])
+  kernel, suffix = _stream_kernel, ""
+  if fold is not None:
+    fold_bv = checked_fold_block_v(tuning, fold.tuning)
+    if copy != (fold.checkpoint is not None):
+      raise ValueError("a stream over the bf16 copy folds into the fp32 checkpoint behind it "
+                       "(StreamFold.checkpoint), and only then.")
+    inputs.update(fold_count=fold.count, fold_base=fold.base, ring_rawk=fold.ring_rawk,
+                  ring_g=fold.ring_g, ring_beta=fold.ring_beta)
+    outputs["ssm"] = "ssm"
+    if copy:
+      inputs["checkpoint"] = fold.checkpoint
+      outputs["checkpoint"] = "checkpoint"
+    constexprs.update(FOLD_BV=fold_bv, FOLD_KC=min(fold.tuning.k_chunk, dims["K"]),
+                      WARPS=tuning.num_warps)
+    kernel = _fold_stream_copy_kernel if copy else _fold_stream_kernel
+    suffix = f"_fold{fold_bv}_kc{constexprs['FOLD_KC']}"
   return Launch(
-      kernel=_stream_kernel,
+      kernel=kernel,
       name=(f"triton_replay_stream_T{T}_bv{tuning.block_v}_w{tuning.num_warps}_kc{kc}"
-            f"_s{tuning.num_stages}_{dot_precision}{'_copy' if ssm.dtype == jnp.bfloat16 else ''}"),
+            f"_s{tuning.num_stages}_{dot_precision}{'_copy' if copy else ''}{suffix}"),
       grid=(V // tuning.block_v, dims["HV"], B),
-      inputs=dict(slot_ids=slot_ids, write_pos=write_pos, cache_base=cache_base, q=q, k=k, v=v,
-                  ssm=ssm, zh=zh, zt=zt, eq=eq, ring_d=ring_d, ring_rawv=ring_rawv),
-      outputs=dict(o=jax.ShapeDtypeStruct(v.shape, v.dtype), ring_d="ring_d",
-                   ring_rawv="ring_rawv"),
-      constexprs=dict(dims, TP=max(MIN_DOT, next_power_of_two(T)),
-                      XP=max(MIN_DOT, 2 * next_power_of_two(T)), V=V, BV=tuning.block_v, KC=kc,
-                      PRECISION=INPUT_PRECISION[dot_precision],
-                      EPILOGUE_PRECISION=("ieee" if dot_precision == "ieee"
-                                          else EPILOGUE_PRECISION),
-                      # The checkpoint's bf16 copy: a bf16 dot (the raw window is bf16 too).
-                      CHECKPOINT_PRECISION=("bf16" if ssm.dtype == jnp.bfloat16
-                                            else INPUT_PRECISION[dot_precision])),
-      num_warps=tuning.num_warps, num_stages=tuning.num_stages)
+      inputs=inputs, outputs=outputs, constexprs=constexprs,
+      num_warps=tuning.num_warps, num_stages=tuning.num_stages,
+      # The fold's rounding is the recurrent kernels' only with fp fusion off (`tile`).
+      fp_fusion=True if fold is None else tile.FP_FUSION)
 
 
 def split_launches(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv, q, k, v, a, b,
                    A_log, dt_bias, slot_ids, write_pos, cache_base, *, tuning: KernelTuning,
-                   dot_precision: str) -> tuple[Launch, Launch]:
+                   dot_precision: str, fold_tuning: KernelTuning | None = None,
+                   checkpoint=None) -> tuple[Launch, Launch]:
   """Both launches from shapes (`compile_check`): the coefficients', then the stream's on
-  scratch of the shapes the first writes."""
+  scratch of the shapes the first writes; with ``fold_tuning``, the stream that folds first
+  (into ``checkpoint`` when ``ssm`` is its copy), ``cache_base``'s shape for its rows."""
   coefficients = coefficients_launch(ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log,
                                      dt_bias, slot_ids, write_pos, cache_base,
                                      dot_precision=dot_precision)
   zh, zt, eq = coefficients.out_shapes()[:3]
+  fold = None if fold_tuning is None else StreamFold(
+      cache_base, cache_base, ring_rawk, ring_g, ring_beta, fold_tuning, checkpoint)
   return coefficients, stream_launch(ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids,
                                      write_pos, cache_base, L=ring_g.shape[-1], tuning=tuning,
-                                     dot_precision=dot_precision)
+                                     dot_precision=dot_precision, fold=fold)
+
+
+def _split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv, q, k, v, a, b, A_log,
+           dt_bias, slot_ids, write_pos, cache_base, *, tuning: KernelTuning, dot_precision: str,
+           fold_rows=None, fold_tuning: KernelTuning | None = None, checkpoint=None):
+  """The coefficients, then the stream over ``ssm``, which first folds ``fold_rows = (count,
+  base)`` (into ``checkpoint`` where ``ssm`` is its copy). Returns ``(o, rings, states)``:
+  ``rings`` by name, ``states`` the stream's folded outputs (ssm, then checkpoint)."""
+  zh, zt, eq, ring_k, ring_g, ring_beta, ring_rawk = run(coefficients_launch(
+      ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos,
+      cache_base, dot_precision=dot_precision))
+  fold = None if fold_rows is None else StreamFold(*fold_rows, ring_rawk, ring_g, ring_beta,
+                                                   fold_tuning, checkpoint)
+  o, ring_d, ring_rawv, *states = run(stream_launch(
+      ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_pos, cache_base,
+      L=ring_g.shape[-1], tuning=tuning, dot_precision=dot_precision, fold=fold))
+  rings = dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, ring_beta=ring_beta,
+               ring_rawk=ring_rawk, ring_rawv=ring_rawv)
+  return o, [rings[name] for name in pallas_replay.RING_NAMES], states
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "dot_precision"))
@@ -509,12 +694,26 @@ def replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_
                         tuning: KernelTuning, dot_precision: str):
   """The coefficients, then the stream: ``(o, ring_d, ring_k, ring_g, ring_beta, ring_rawk,
   ring_rawv)``. ``tuning`` is the stream's. Inputs are checked by the caller."""
-  zh, zt, eq, ring_k, ring_g, ring_beta, ring_rawk = run(coefficients_launch(
-      ring_k, ring_g, ring_beta, ring_rawk, q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos,
-      cache_base, dot_precision=dot_precision))
-  o, ring_d, ring_rawv = run(stream_launch(
-      ssm, ring_d, ring_rawv, q, k, v, zh, zt, eq, slot_ids, write_pos, cache_base,
-      L=ring_g.shape[-1], tuning=tuning, dot_precision=dot_precision))
-  rings = dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, ring_beta=ring_beta,
-               ring_rawk=ring_rawk, ring_rawv=ring_rawv)
-  return o, *(rings[name] for name in pallas_replay.RING_NAMES)
+  o, rings, _ = _split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv, q, k, v, a,
+                       b, A_log, dt_bias, slot_ids, write_pos, cache_base, tuning=tuning,
+                       dot_precision=dot_precision)
+  return o, *rings
+
+
+@functools.partial(jax.jit, static_argnames=("tuning", "fold_tuning", "dot_precision"))
+def fold_replay_verify_split(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                             q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
+                             fold_count, fold_base, ssm_copy=None, *, tuning: KernelTuning,
+                             fold_tuning: KernelTuning, dot_precision: str):
+  """`fold.fold` of ``fold_count[b]`` records from ring index ``fold_base[b]``, then
+  `replay_verify_split`, with the fold in the stream: a folding row's programs replay its
+  records into the checkpoint rows they stream, in place, and with ``ssm_copy`` round them into
+  the copy, which they stream. Returns ``(o, ssm, ring_d, ..., ring_rawv)``, with ``ssm_copy``
+  the pair ``(ssm, ssm_copy)`` in ``ssm``'s place. Inputs are checked by the caller."""
+  streamed, checkpoint = (ssm, None) if ssm_copy is None else (ssm_copy, ssm)
+  o, rings, states = _split(streamed, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                            q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
+                            tuning=tuning, dot_precision=dot_precision,
+                            fold_rows=(fold_count, fold_base), fold_tuning=fold_tuning,
+                            checkpoint=checkpoint)
+  return o, (states[0] if ssm_copy is None else (states[1], states[0])), *rings

@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from replayssm_jax.config import DOT_PRECISIONS, next_power_of_two
+from replayssm_jax.kernels import fold as pallas_fold
 from replayssm_jax.kernels import replay_verify as pallas_replay
 from replayssm_jax.kernels.backend import KernelTuning
 from replayssm_jax.kernels.triton import replay_split, tile
@@ -362,3 +363,41 @@ def replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
   if form == "split":
     return replay_split.replay_verify_split(*args, tuning=tuning, dot_precision=dot_precision)
   return _replay_verify_call(*args, tuning=tuning, dot_precision=dot_precision, form=form)
+
+
+def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+                           q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base,
+                           fold_count, fold_base, *, tuning: KernelTuning,
+                           fold_tuning: KernelTuning, dot_precision: str,
+                           form: str | None = None, ssm_copy: jax.Array | None = None):
+  """`fold.fold` of ``fold_count[b]`` records (ring index ``fold_base[b]`` on), then
+  `replay_verify`, with the fold inside the split form's stream
+  (`replay_split.fold_replay_verify_split`): a folding row's programs replay its records into
+  the checkpoint rows they stream, in place, so a flush row's checkpoint is read and written
+  once, and no fold kernel is launched.
+
+  Args and returns as `replayssm_jax.kernels.replay_verify.fold_and_replay_verify` (no
+  ``interpret``, no ``fold_first``); ``fold_tuning`` is `state_tuning`'s (the bitwise tie);
+  the split form only.
+
+  Raises:
+    ValueError: a shape, dtype or knob is off, or the form is not the split form.
+  """
+  args = (ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ring_rawv,
+          q, k, v, a, b, A_log, dt_bias, slot_ids, write_pos, cache_base)
+  if ssm_copy is not None:
+    pallas_fold.check_copy(ssm, ssm_copy)
+  pallas_replay._check_inputs(ssm if ssm_copy is None else ssm_copy, *args[1:])
+  pallas_replay.check_fold_rows(fold_count, fold_base, slot_ids)
+  T, K = q.shape[1], q.shape[-1]
+  check_tuning(tuning, v.shape[-1], K)
+  check_tuning(fold_tuning, v.shape[-1], K)
+  form = form or replay_form(T, q.shape[0])
+  _check_knobs(T, K, tuning, dot_precision, form)
+  if form != "split":
+    raise ValueError(f"the triton {form} form does not fold; fold first (`fold.fold`), or use "
+                     "the split form.")
+  replay_split.checked_fold_block_v(tuning, fold_tuning)
+  return replay_split.fold_replay_verify_split(*args, fold_count, fold_base, ssm_copy,
+                                               tuning=tuning, fold_tuning=fold_tuning,
+                                               dot_precision=dot_precision)

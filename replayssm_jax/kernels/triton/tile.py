@@ -78,6 +78,9 @@ FP_FUSION = False
 # (both); the recurrent verify 729.5 -> 792.0 (chain alone: 168 registers against 157) -> 725.0
 # (both). Session 34 removed the switch of the second (the code is in d5fe77a).
 FMA_MATVEC = tl.constexpr(not INTERPRET)
+# `inverse_norm`'s copy of the vector a warp (1), compiled; the interpreter holds one (0): numpy
+# sums a strided axis in another order than a contiguous one, and it has no warps to tie.
+_NORM_COPY_A_WARP = tl.constexpr(int(not INTERPRET))
 
 if INTERPRET:
 
@@ -201,7 +204,7 @@ def matvec(S, x):
 
 
 @triton.jit
-def load_key(ptr, rows, cols, K: tl.constexpr):
+def load_key(ptr, rows, cols, K: tl.constexpr, WARPS: tl.constexpr = 1):
   """The K-vector at ``ptr`` (a token's q or k) in the tile's layout, raw, and its
   `inverse_norm`: ``l2_normalize`` is ``x * inv_norm``, applied by `delta_rule_step` and
   `scaled_matvec`.
@@ -215,15 +218,30 @@ def load_key(ptr, rows, cols, K: tl.constexpr):
   # The norm before the broadcast load: the other way round, the recurrent verify holds both
   # at once (230 registers with triton 3.6, 157 this way) and took 854 us against 735 (H200,
   # NOTES run 32).
-  inv_norm = inverse_norm(ptr, K)
+  inv_norm = inverse_norm(ptr, K, WARPS)
   return load_vector(ptr, rows, cols), inv_norm
 
 
 @triton.jit
-def inverse_norm(ptr, K: tl.constexpr):
-  """``1 / sqrt(|x|^2 + eps)`` of the K-vector at ``ptr``, from one compact ``[K]`` load."""
-  x = tl.load(ptr + tl.arange(0, K)).to(tl.float32)
-  return tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x * x, axis=0) + L2_EPS))
+def inverse_norm(ptr, K: tl.constexpr, WARPS: tl.constexpr = 1):
+  """``1 / sqrt(|x|^2 + eps)`` of the K-vector at ``ptr``, from one compact load.
+
+  One order of the sum in a program of any number of ``WARPS``: each warp loads the whole vector
+  as ``[32, K // 32]``, a lane's consecutive elements summed in-thread and then the 32 lanes,
+  and the warps' equal sums are merged by a max. A flat ``[K]`` load spreads K over the
+  program's warps (2 elements a thread over 2 warps, 4 over one), so the fold inside a replay
+  stream of 2 warps (`replay_split`) would round its norms unlike the one-warp recurrent
+  kernels'.
+  """
+  LANES: tl.constexpr = min(32, K)
+  COPIES: tl.constexpr = 1 + (WARPS - 1) * _NORM_COPY_A_WARP
+  # [LANES, COPIES, K // LANES]: the copies' axis after the lanes' (Triton gives lanes to the
+  # lower of two strided axes), so the warps take it.
+  offsets = (tl.arange(0, LANES)[:, None, None] * (K // LANES)
+             + tl.arange(0, COPIES)[None, :, None] * 0 + tl.arange(0, K // LANES)[None, None, :])
+  x = tl.load(ptr + offsets).to(tl.float32)
+  sum_sq = tl.max(tl.sum(tl.sum(x * x, axis=2), axis=0), axis=0)
+  return tl.math.div_rn(1.0, tl.sqrt_rn(sum_sq + L2_EPS))
 
 
 @triton.jit
