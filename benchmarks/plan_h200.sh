@@ -17,8 +17,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}
 ITEMS=${ITEMS:-"k_copy k_step k_streams k_copy_triton k_streams_triton h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
-KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_stages t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
-RUN=${RUN:-run50}  # the files' tag
+KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_stages t_fold t_fold_copy t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
+RUN=${RUN:-run51}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -37,6 +37,10 @@ NONE="${SCAN%True}False ${RECIP%True}False ${WMMA%True}False"  # each knob set F
 # The triton decode as shipped until run 41: the vector form in [128, 16] tiles below 64 rows.
 BEFORE41="before=.|--set kernels.triton.VEC_BLOCK_V=128 --set kernels.triton.VEC_K_CHUNK=16 --triton-split-min-batch 16 64"
 
+# ssm.TRITON_FUSE_FOLD_BELOW's two extremes: the triton fold kernel always, never.
+APART="{'window':0,'decode':0,'decode-together':0}"
+FUSED="{'window':None,'decode':None,'decode-together':None}"
+
 # An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
   case $1 in
@@ -45,6 +49,7 @@ estimate() {
     h_ab) echo 100;; h_read) echo 140;; k_copy) echo 330;; k_copy_triton) echo 240;; k_step) echo 150;;
     k_streams|k_streams_triton) echo 240;;
     t_stages) echo 150;;  # run 50 (H100): 95-129 s
+    t_fold) echo 260;; t_fold_copy) echo 180;;
     *) echo 0;;
   esac
 }
@@ -126,6 +131,23 @@ command_of() {
       "--set kernels.triton.COPY_STREAM_STAGES=2\" TAG=${RUN}_copy_stages_triton ROUNDS=1" \
       "BENCH_ARGS=\"--backend triton --paths kernels decode --batch 16 32 64 128 256" \
       "--decode-rings 16 --reps 10 $extra\" $AB";;
+    # t_fold: the triton split stream folding the flush rows itself (session 50,
+    # `ssm.TRITON_FUSE_FOLD_BELOW`: windows below 128 rows, decode at every size, as the Pallas
+    # stream) against the fold kernel launched in every step before it (`apart`, as until now),
+    # and windows of 256 rows fused too (`all`). Predicted (H100): the decode cycle at B=256 in
+    # phase 287 -> ~262 us a step (the idle fold's 35 us gone, the stream's occupancy 8 -> 6
+    # programs an SM, 168 registers, costs some back), B=64 ~90 -> ~80; the B=64 mixed step
+    # 125 -> ~114, its plain verify 2-5 us slower (the fold's registers); `all` at B=256: a
+    # window step without a fold 5-10 us slower, the mixed step even.
+    t_fold) echo "ARMS=\"fused=.|;apart=.|--set ssm.TRITON_FUSE_FOLD_BELOW=$APART;all=.|--set" \
+      "ssm.TRITON_FUSE_FOLD_BELOW=$FUSED\" TAG=${RUN}_fold_triton ROUNDS=1 BENCH_ARGS=\"--backend" \
+      "triton --paths kernels steps decode --batch 64 256 --decode-rings 16 --reps 10 $extra\" $AB";;
+    # t_fold_copy: the same over the checkpoint's bf16 copy, where decode folds in the stream
+    # (`ssm.FUSE_FOLD_WITH_COPY`) and windows apart. Predicted: the B=256 cycle 216.5 -> ~195 us.
+    t_fold_copy) echo "ARMS=\"fused=.|--checkpoint-copy bfloat16;apart=.|--checkpoint-copy" \
+      "bfloat16 --set ssm.TRITON_FUSE_FOLD_BELOW=$APART\" TAG=${RUN}_fold_copy_triton ROUNDS=1" \
+      "BENCH_ARGS=\"--backend triton --paths kernels decode --batch 64 256 --decode-rings 16" \
+      "--reps 10 $extra\" $AB";;
     # k_copy_triton: the same in the triton backend (its stream's K-loop a bf16 dot on the copy;
     # run 35: verify 190 us at B=256, decode 198 us a step). Predicted alike: verify ~130,
     # decode cycle 140-160 us a step.

@@ -182,7 +182,8 @@ class SpecConfig:
       once at the fold; DESIGN section 4 allows it for outputs); the committed state, the
       fp32 checkpoint, stays bitwise that of the recurrent path. Every backend; the fold
       runs in its own kernel except in the Pallas split form's decode, whose stream folds
-      the flush rows and rewrites their copy rows (`ssm.FUSE_FOLD_WITH_COPY`).
+      the flush rows and rewrites their copy rows (`ssm.FUSE_FOLD_WITH_COPY`), and the
+      triton one's with ``fold_together`` (`ssm.TRITON_FUSE_FOLD_WITH_COPY`).
     fold_together: replayssm: when a step folds any row (one marked ``is_flush``), also
       fold the step's rows with at least this many committed records, so that rows fold
       in step with each other; ``None``: only the flush rows fold (DESIGN section 3).

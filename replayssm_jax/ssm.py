@@ -15,8 +15,9 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
   verify: in its checkpoint stream in the split form (windows of 16 to 127 rows, decode from
   64, `FUSE_FOLD_BELOW`), in the one kernel of the UT and vector forms below those sizes
   (`FUSE_FOLD_ONE_KERNEL`); otherwise (windows from 128 rows, decode with `fold_together`) it
-  is a kernel of its own, launched in every step (`SKIP_IDLE_FOLD`; the triton backend's
-  fold is always a kernel of its own).
+  is a kernel of its own, launched in every step (`SKIP_IDLE_FOLD`). The triton backend folds
+  decode's flush rows in its split form's stream (from 32 rows, `TRITON_FUSE_FOLD_BELOW`), and
+  in the fold kernel otherwise.
   With `SpecConfig.fold_together`, the rows of a step that folds also fold along when they
   hold that many records, which keeps rows in phase (exact all the same). With
   `SpecConfig.checkpoint_copy`, reset and the fold also write each checkpoint rounded to bf16
@@ -110,6 +111,15 @@ SKIP_IDLE_FOLD = {"xla": False, "pallas": False, "triton": False}
 # 193.7 us apart, out of phase 204.0 against 222.7) unless its rows fold together, whose steps
 # fold many rows at once (apart: 197.3 / 205.3 against 208.5 / 214.3).
 FUSE_FOLD_BELOW = {"window": 128, "decode": None, "decode-together": 0}
+# The same for the triton backend's split form (`kernels.triton.fold_and_replay_verify`; its
+# one-kernel forms, windows below 16 rows and decode below 32, never fold: the fold kernel runs
+# before them). Its stream that folds holds 168 registers a thread (6 programs an SM, the plain
+# stream 8), so it pays in every step, and gains the fold kernel's idle launch (35 us at B=256).
+# H100 (benchmarks/NOTES.md run 51, fused against apart, kernels us): decode cycles in phase
+# B=256 261.6 against 287.1 a step, B=64 81.5 against 89.0; out of phase 271.4 against 279.1
+# and 95.6 against 92.5; windows lose where rows fold (mixed step B=64 131.0 against 127.1,
+# B=256 418.5 against 410.3; every row folding +5% / +11%), so they fold apart.
+TRITON_FUSE_FOLD_BELOW = {"window": 0, "decode": None, "decode-together": None}
 # Whether the one-kernel replay verify forms (UT, vector: B < 16 windows, B < 64 decode) fold
 # the flush rows in their programs, in place of the fold kernel in a `lax.cond` before them.
 # H200 (benchmarks/NOTES.md run 16): the B=1 flush step 23.5 -> 20.2 us (16.4 with the UT form's
@@ -126,6 +136,10 @@ FUSE_FOLD_ONE_KERNEL = True
 # where run 48's build, before `replay_split._stream` kept the copy's K-chunks unlike the
 # fold's, was 1 ulp off; NOTES.md session 47).
 FUSE_FOLD_WITH_COPY = {"window": False, "decode": True, "decode-together": True}
+# The same for the triton stream, which on the copy loses with rows out of phase (H100, NOTES.md
+# run 51, fused against apart: B=256 222.0 against 206.6 us a step, B=64 80.8 against 72.7) and
+# wins in phase (202.5 against 216.8, 64.3 against 69.6): it folds there only (`fold_together`).
+TRITON_FUSE_FOLD_WITH_COPY = {"window": False, "decode": False, "decode-together": True}
 
 
 def init(gdn: GDNConfig, spec: SpecConfig, num_slots: int, *, dtype=jnp.bfloat16) -> SSMCache:
@@ -378,20 +392,26 @@ def _fold(cache: ReplayCache, slot_ids, count, cache_base, spec: SpecConfig,
 
 
 def _fuses_fold(spec: SpecConfig, q, tuning: KernelTuning, replay_tuning: KernelTuning) -> bool:
-  """Whether the replay verify folds the flush rows itself: the Pallas split form's stream
-  (`FUSE_FOLD_BELOW`) or the one-kernel forms (`FUSE_FOLD_ONE_KERNEL`), when their programs hold
-  whole fold tiles."""
+  """Whether the replay verify folds the flush rows itself: the split form's stream
+  (`FUSE_FOLD_BELOW`, `TRITON_FUSE_FOLD_BELOW`; with the copy `FUSE_FOLD_WITH_COPY`,
+  `TRITON_FUSE_FOLD_WITH_COPY`) or the Pallas one-kernel forms (`FUSE_FOLD_ONE_KERNEL`), when
+  their programs hold whole fold tiles."""
   B, T = q.shape[:2]
   kind = "window" if T > 1 else "decode-together" if spec.fold_together else "decode"
-  if spec.checkpoint_copy is not None and not FUSE_FOLD_WITH_COPY[kind]:
+  if spec.backend == "xla":
     return False
-  if replay_form(T, B).startswith("split"):
-    below = FUSE_FOLD_BELOW[kind]
+  triton = spec.backend == "triton"
+  with_copy = TRITON_FUSE_FOLD_WITH_COPY if triton else FUSE_FOLD_WITH_COPY
+  if spec.checkpoint_copy is not None and not with_copy[kind]:
+    return False
+  form = _triton_kernels().replay_form(T, B) if triton else replay_form(T, B)
+  if form.startswith("split"):
+    below = (TRITON_FUSE_FOLD_BELOW if triton else FUSE_FOLD_BELOW)[kind]
     fuse = below is None or B < below
-  else:  # not with the copy (`replay_verify.fold_and_replay_verify`)
-    fuse = FUSE_FOLD_ONE_KERNEL and spec.checkpoint_copy is None
-  return (fuse and spec.backend == "pallas"
-          and replay_split.stream_fold_block_v(replay_tuning, tuning) > 0)
+  else:  # not with the copy (`replay_verify.fold_and_replay_verify`); the triton ones never
+    fuse = FUSE_FOLD_ONE_KERNEL and spec.checkpoint_copy is None and not triton
+  whole_tiles = (_triton_kernels() if triton else replay_split).stream_fold_block_v
+  return fuse and whole_tiles(replay_tuning, tuning) > 0
 
 
 def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, spec, tuning,
@@ -405,9 +425,9 @@ def _replay_window(cache: ReplayCache, q, k, v, a, b, A_log, dt_bias, slot_ids, 
   verify_args = dict(tuning=replay_tuning, dot_precision=spec.dot_precision)
   rings_of = lambda c: tuple(getattr(c, n) for n in replay_kernels.RING_NAMES)
   if _fuses_fold(spec, q, tuning, replay_tuning):
-    o, ssm, *rings = replay_kernels.fold_and_replay_verify(
-        cache.ssm, *rings_of(cache), *window, count, fold_base, fold_tuning=tuning,
-        interpret=interpret_mode(), ssm_copy=cache.ssm_copy, **verify_args)
+    fold_and_verify = _kernel(spec, replay_kernels.fold_and_replay_verify, None)
+    o, ssm, *rings = fold_and_verify(cache.ssm, *rings_of(cache), *window, count, fold_base,
+                                     fold_tuning=tuning, ssm_copy=cache.ssm_copy, **verify_args)
     ssm, ssm_copy = (ssm, None) if cache.ssm_copy is None else ssm
     cache = dataclasses.replace(cache, ssm=ssm, ssm_copy=ssm_copy)
   else:  # the rings as `_fold` returns them, which orders the verify's writes after the fold
