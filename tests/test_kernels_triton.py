@@ -564,9 +564,9 @@ def test_ssm_wide_batches_compiled(T, L, decode_share, copy, stream_fold, monkey
   rng = np.random.default_rng(T + 11)
   pair = test_ssm_replay.Pair.create(T, L, "triton", rng, gdn=test_ssm_replay.GDN_WIDE,
                                      checkpoint_copy=copy)
-  V = test_ssm_replay.GDN_WIDE.head_v_dim
-  assert ssm._fuses_fold(pair.rep_spec, jnp.zeros((B, T)), ssm.default_state_tuning(pair.rep_spec, V),
-                         ssm.default_replay_tuning(pair.rep_spec, V, T, B)) is stream_fold
+  spec, V = pair.rep_spec, test_ssm_replay.GDN_WIDE.head_v_dim
+  assert ssm._fuses_fold(spec, jnp.zeros((B, T)), ssm.default_state_tuning(spec, V),
+                         ssm.default_replay_tuning(spec, V, T, B)) is stream_fold
   test_ssm_replay._drive_wide(pair, B, T, decode_share, rng)
 
 

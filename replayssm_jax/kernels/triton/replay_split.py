@@ -583,8 +583,12 @@ def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
   copies of rows, which Triton places by the warps (H100, run 51: tiles of 4 rows a warp folded
   1-2 ulp off)."""
   rows = pallas_split.stream_fold_block_v(tuning, fold_tuning)
-  lanes_of_rows = 32 // max(1, fold_tuning.k_chunk // tile.VECTOR_WIDTH.value)
-  return rows if fold_tuning.block_v // fold_tuning.num_warps >= lanes_of_rows else 0
+  return rows if fold_tuning.block_v // fold_tuning.num_warps >= _lanes_of_rows(fold_tuning) else 0
+
+
+def _lanes_of_rows(fold_tuning: KernelTuning) -> int:
+  """A warp's lanes along the rows of a state tile: those its K-chunk's vectors leave."""
+  return 32 // max(1, fold_tuning.k_chunk // tile.VECTOR_WIDTH.value)
 
 
 def checked_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
@@ -600,7 +604,7 @@ def checked_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int
         f"tiles of {fold_tuning.block_v // fold_tuning.num_warps} rows a warp, as the recurrent "
         f"kernels' ({fold_tuning.block_v} rows, {fold_tuning.num_warps} warps, K-chunks of "
         f"{fold_tuning.k_chunk}): it needs whole tiles a program and at least "
-        f"{32 * tile.VECTOR_WIDTH.value // fold_tuning.k_chunk} rows a warp.")
+        f"{_lanes_of_rows(fold_tuning)} rows a warp.")
   return rows
 
 
