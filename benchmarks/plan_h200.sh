@@ -17,7 +17,8 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}
 ITEMS=${ITEMS:-"k_copy k_step k_streams k_copy_triton k_streams_triton h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
-KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_stages t_fold t_fold_copy t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
+KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_stages t_fold t_fold_copy
+t_fold_together t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
 RUN=${RUN:-run51}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
@@ -49,7 +50,7 @@ estimate() {
     h_ab) echo 100;; h_read) echo 140;; k_copy) echo 330;; k_copy_triton) echo 240;; k_step) echo 150;;
     k_streams|k_streams_triton) echo 240;;
     t_stages) echo 150;;  # run 50 (H100): 95-129 s
-    t_fold) echo 260;; t_fold_copy) echo 180;;
+    t_fold) echo 260;; t_fold_copy) echo 180;; t_fold_together) echo 200;;
     *) echo 0;;
   esac
 }
@@ -148,6 +149,16 @@ command_of() {
       "bfloat16 --set ssm.TRITON_FUSE_FOLD_BELOW=$APART\" TAG=${RUN}_fold_copy_triton ROUNDS=1" \
       "BENCH_ARGS=\"--backend triton --paths kernels decode --batch 64 256 --decode-rings 16" \
       "--reps 10 $extra\" $AB";;
+    # t_fold_together: the same with `fold_together` (rows kept in phase), the kind of decode
+    # step (`decode-together`) the stream folds for on both checkpoints by the in-phase cycles
+    # of t_fold and t_fold_copy. Predicted as those: fp32 B=256 ~262 against ~287 us a step,
+    # B=64 ~82 against ~89; the copy B=256 ~203 against ~217.
+    t_fold_together) echo "ARMS=\"fused=.|--fold-together 0.5;apart=.|--fold-together 0.5 --set" \
+      "ssm.TRITON_FUSE_FOLD_BELOW=$APART;copy_fused=.|--fold-together 0.5 --checkpoint-copy" \
+      "bfloat16;copy_apart=.|--fold-together 0.5 --checkpoint-copy bfloat16 --set" \
+      "ssm.TRITON_FUSE_FOLD_WITH_COPY={'window':False,'decode':False,'decode-together':False}\"" \
+      "TAG=${RUN}_fold_together_triton ROUNDS=1 BENCH_ARGS=\"--backend triton --paths decode" \
+      "--batch 64 256 --decode-rings 16 --reps 10 $extra\" $AB";;
     # k_copy_triton: the same in the triton backend (its stream's K-loop a bf16 dot on the copy;
     # run 35: verify 190 us at B=256, decode 198 us a step). Predicted alike: verify ~130,
     # decode cycle 140-160 us a step.

@@ -16,8 +16,8 @@ step copies neither the checkpoint nor the rings nor ``intermediate``.
   64, `FUSE_FOLD_BELOW`), in the one kernel of the UT and vector forms below those sizes
   (`FUSE_FOLD_ONE_KERNEL`); otherwise (windows from 128 rows, decode with `fold_together`) it
   is a kernel of its own, launched in every step (`SKIP_IDLE_FOLD`). The triton backend folds
-  decode's flush rows in its split form's stream (from 32 rows, `TRITON_FUSE_FOLD_BELOW`), and
-  in the fold kernel otherwise.
+  decode's flush rows in its split form's stream (from 32 rows, `TRITON_FUSE_FOLD_BELOW`; over
+  the copy with `fold_together` only), and in the fold kernel otherwise.
   With `SpecConfig.fold_together`, the rows of a step that folds also fold along when they
   hold that many records, which keeps rows in phase (exact all the same). With
   `SpecConfig.checkpoint_copy`, reset and the fold also write each checkpoint rounded to bf16
@@ -118,7 +118,8 @@ FUSE_FOLD_BELOW = {"window": 128, "decode": None, "decode-together": 0}
 # H100 (benchmarks/NOTES.md run 51, fused against apart, kernels us): decode cycles in phase
 # B=256 261.6 against 287.1 a step, B=64 81.5 against 89.0; out of phase 271.4 against 279.1
 # and 95.6 against 92.5; windows lose where rows fold (mixed step B=64 131.0 against 127.1,
-# B=256 418.5 against 410.3; every row folding +5% / +11%), so they fold apart.
+# B=256 418.5 against 410.3; every row folding +5% / +11%), so they fold apart. With
+# `fold_together` decode gains both ways (B=256 263.2 against 288.9, 267.8 against 297.3).
 TRITON_FUSE_FOLD_BELOW = {"window": 0, "decode": None, "decode-together": None}
 # Whether the one-kernel replay verify forms (UT, vector: B < 16 windows, B < 64 decode) fold
 # the flush rows in their programs, in place of the fold kernel in a `lax.cond` before them.
@@ -138,7 +139,8 @@ FUSE_FOLD_ONE_KERNEL = True
 FUSE_FOLD_WITH_COPY = {"window": False, "decode": True, "decode-together": True}
 # The same for the triton stream, which on the copy loses with rows out of phase (H100, NOTES.md
 # run 51, fused against apart: B=256 222.0 against 206.6 us a step, B=64 80.8 against 72.7) and
-# wins in phase (202.5 against 216.8, 64.3 against 69.6): it folds there only (`fold_together`).
+# wins in phase (202.5 against 216.8, 64.3 against 69.6), so it folds with `fold_together` only
+# (B=256 cycle 204.2 against 218.3, rows out of phase 213.5 against 231.0).
 TRITON_FUSE_FOLD_WITH_COPY = {"window": False, "decode": False, "decode-together": True}
 
 
