@@ -41,6 +41,8 @@ BEFORE41="before=.|--set kernels.triton.VEC_BLOCK_V=128 --set kernels.triton.VEC
 # ssm.TRITON_FUSE_FOLD_BELOW's two extremes: the triton fold kernel always, never.
 APART="{'window':0,'decode':0,'decode-together':0}"
 FUSED="{'window':None,'decode':None,'decode-together':None}"
+BELOW128="{'window':128,'decode':None,'decode-together':None}"  # run 51's first build
+COPY_DECODE="{'window':False,'decode':True,'decode-together':True}"
 
 # An item's estimate in seconds, and its command (run by `bash -c`).
 estimate() {
@@ -133,19 +135,23 @@ command_of() {
       "BENCH_ARGS=\"--backend triton --paths kernels decode --batch 16 32 64 128 256" \
       "--decode-rings 16 --reps 10 $extra\" $AB";;
     # t_fold: the triton split stream folding the flush rows itself (session 50,
-    # `ssm.TRITON_FUSE_FOLD_BELOW`: windows below 128 rows, decode at every size, as the Pallas
-    # stream) against the fold kernel launched in every step before it (`apart`, as until now),
-    # and windows of 256 rows fused too (`all`). Predicted (H100): the decode cycle at B=256 in
-    # phase 287 -> ~262 us a step (the idle fold's 35 us gone, the stream's occupancy 8 -> 6
-    # programs an SM, 168 registers, costs some back), B=64 ~90 -> ~80; the B=64 mixed step
-    # 125 -> ~114, its plain verify 2-5 us slower (the fold's registers); `all` at B=256: a
-    # window step without a fold 5-10 us slower, the mixed step even.
-    t_fold) echo "ARMS=\"fused=.|;apart=.|--set ssm.TRITON_FUSE_FOLD_BELOW=$APART;all=.|--set" \
+    # `ssm.TRITON_FUSE_FOLD_BELOW`) as run 51's first build did, windows below 128 rows and
+    # decode at every size (`fused`), against the fold kernel launched in every step before it
+    # (`apart`, as until then), and windows of 256 rows fused too (`all`); run 51 (H100) shipped
+    # decode's alone. Predicted (H100): the decode cycle at B=256 in phase 287 -> ~262 us a step
+    # (the idle fold's 35 us gone, the stream's occupancy 8 -> 6 programs an SM, 168 registers,
+    # costs some back), B=64 ~90 -> ~80; the B=64 mixed step 125 -> ~114, its plain verify 2-5
+    # us slower (the fold's registers); `all` at B=256: a window step without a fold 5-10 us
+    # slower, the mixed step even.
+    t_fold) echo "ARMS=\"fused=.|--set ssm.TRITON_FUSE_FOLD_BELOW=$BELOW128;apart=.|--set" \
+      "ssm.TRITON_FUSE_FOLD_BELOW=$APART;all=.|--set" \
       "ssm.TRITON_FUSE_FOLD_BELOW=$FUSED\" TAG=${RUN}_fold_triton ROUNDS=1 BENCH_ARGS=\"--backend" \
       "triton --paths kernels steps decode --batch 64 256 --decode-rings 16 --reps 10 $extra\" $AB";;
-    # t_fold_copy: the same over the checkpoint's bf16 copy, where decode folds in the stream
-    # (`ssm.FUSE_FOLD_WITH_COPY`) and windows apart. Predicted: the B=256 cycle 216.5 -> ~195 us.
-    t_fold_copy) echo "ARMS=\"fused=.|--checkpoint-copy bfloat16;apart=.|--checkpoint-copy" \
+    # t_fold_copy: the same over the checkpoint's bf16 copy, decode folding in the stream
+    # (`ssm.TRITON_FUSE_FOLD_WITH_COPY`; since run 51 only with `fold_together`) and windows
+    # apart. Predicted: the B=256 cycle 216.5 -> ~195 us.
+    t_fold_copy) echo "ARMS=\"fused=.|--checkpoint-copy bfloat16 --set" \
+      "ssm.TRITON_FUSE_FOLD_WITH_COPY=$COPY_DECODE;apart=.|--checkpoint-copy" \
       "bfloat16 --set ssm.TRITON_FUSE_FOLD_BELOW=$APART\" TAG=${RUN}_fold_copy_triton ROUNDS=1" \
       "BENCH_ARGS=\"--backend triton --paths kernels decode --batch 64 256 --decode-rings 16" \
       "--reps 10 $extra\" $AB";;
