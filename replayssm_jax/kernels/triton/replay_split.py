@@ -580,8 +580,8 @@ def stream_fold_block_v(tuning: KernelTuning, fold_tuning: KernelTuning) -> int:
   as the recurrent kernels' (``fold_tuning``; `pallas_split.stream_fold_block_v`), so that a
   tile is laid out and rounds as theirs, and at least as many as a warp's lanes cover (``128 /
   k_chunk``: a K-chunk's 4-element vectors take the other lanes), so that neither layout holds
-  copies of rows, which Triton places by the warps (H100, run 51: tiles of 4 rows a warp folded
-  1-2 ulp off)."""
+  copies of rows, which two warps may lay out otherwise than one (H100, run 51: tiles of 4 rows
+  a warp folded 1-2 ulp off)."""
   rows = pallas_split.stream_fold_block_v(tuning, fold_tuning)
   return rows if fold_tuning.block_v // fold_tuning.num_warps >= _lanes_of_rows(fold_tuning) else 0
 
