@@ -402,29 +402,34 @@ def test_fold_inside_the_stream(c: Case, first, interpret):
                     form="split", interpret=interpret, fold_first=first)
 
 
-def check_fold_inside(c: Case, inp, *, tuning, fold_tuning, form, interpret, copy=False,
-                      **launch):
+def check_fold_inside(c: Case, inp, *, tuning, fold_tuning, form, interpret=None, copy=False,
+                      kernels=None, **launch):
   """`fold_and_replay_verify` of ``form`` with the rows of `_flush_some_rows` folding, against
   the fold kernel and then `replay_verify` of the same form: the same checkpoint, outputs and
   rings, to the bit; the padding row gets zeros and folds nothing. With ``copy``, both fold
   into a bf16 checkpoint copy and verify from it; the copy starts unlike the rounded
   checkpoint, so a verify that read the fp32 rows, or a copy row rewritten that did not fold,
-  would show."""
+  would show. ``kernels``: another backend's ``(fold, replay_verify, fold_and_replay_verify)``
+  (the triton ones); by default the Pallas kernels, run with ``interpret``."""
+  if kernels is None:
+    kernels = (functools.partial(k, interpret=interpret)
+               for k in (fold.fold, replay_verify, fold_and_replay_verify))
+  fold_fn, verify_fn, fold_and_verify_fn = kernels
   (count, fold_base), cursors = _flush_some_rows(inp, c)
   inp = {**inp, **cursors}
   valid = np.asarray(inp["slot_ids"]) >= 0
   ssm_copy = (1.5 * inp["ssm"]).astype(jnp.bfloat16) if copy else None
-  folded = fold.fold(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
-                     inp["ring_beta"], inp["slot_ids"], count, fold_base, tuning=fold_tuning,
-                     interpret=interpret, ssm_copy=ssm_copy)
+  folded = fold_fn(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
+                   inp["ring_beta"], inp["slot_ids"], count, fold_base, tuning=fold_tuning,
+                   ssm_copy=ssm_copy)
   folded, folded_copy = folded if copy else (folded, None)
   assert not np.array_equal(bits(folded), bits(inp["ssm"]))  # some rows did fold
-  apart = replay_verify(**{**inp, "ssm": folded_copy if copy else folded}, tuning=tuning,
-                        dot_precision=c.precision, interpret=interpret, form=form)
-  o, ssm, *rings = fold_and_replay_verify(**inp, fold_count=count, fold_base=fold_base,
-                                          tuning=tuning, fold_tuning=fold_tuning,
-                                          dot_precision=c.precision, interpret=interpret,
-                                          form=form, ssm_copy=ssm_copy, **launch)
+  apart = verify_fn(**{**inp, "ssm": folded_copy if copy else folded}, tuning=tuning,
+                    dot_precision=c.precision, form=form)
+  o, ssm, *rings = fold_and_verify_fn(**inp, fold_count=count, fold_base=fold_base,
+                                      tuning=tuning, fold_tuning=fold_tuning,
+                                      dot_precision=c.precision, form=form, ssm_copy=ssm_copy,
+                                      **launch)
   if copy:
     ssm, ssm_copy = ssm
     np.testing.assert_array_equal(bits(ssm_copy), bits(folded_copy))

@@ -327,42 +327,19 @@ FOLD_STREAM_CASES = [(c, tiles) for c in replay_tests.FUSED_CASES for tiles in (
 @pytest.mark.parametrize("c,tiles", FOLD_STREAM_CASES,
                          ids=[f"{c.id}-tiles{tiles}" for c, tiles in FOLD_STREAM_CASES])
 def test_fold_inside_the_stream(c: replay_tests.Case, tiles, copy, mode):
-  """`fold_and_replay_verify`: the split form's stream folds the flush rows of
-  `_flush_some_rows` into its checkpoint rows (as one tile a program or two), then streams
-  them; against the fold kernel and then the split verify, to the bit: the checkpoint, the
-  outputs and every ring, the padding row zero and folding nothing. With ``copy`` both fold
-  into a bf16 copy, poisoned first, and read it (`SpecConfig.checkpoint_copy`)."""
-  inp = replay_tests.make_inputs(c, seed=4)
-  (count, fold_base), cursors = replay_tests._flush_some_rows(inp, c)
-  inp = {**inp, **cursors}
+  """`fold_and_replay_verify`: the split form's stream folds the flush rows into its
+  checkpoint rows (as one tile a program or two), then streams them; against the fold kernel
+  and then the split verify, to the bit (`check_fold_inside`: the checkpoint, the outputs and
+  every ring; with ``copy`` a bf16 copy unlike the rounded checkpoint, folded and read)."""
   # The stream's programs of 2 warps fold tiles of as many rows a warp as the one-warp fold
   # kernel's: one layout, so the bits are the fold kernel's on a GPU too.
   tuning = KernelTuning(block_v=c.V, num_warps=2, k_chunk=16)
   fold_tuning = KernelTuning(block_v=c.V // (2 * tiles), num_warps=1, k_chunk=16)
   assert triton_split.stream_fold_block_v(tuning, fold_tuning) == c.V // tiles
-  ssm_copy = jnp.full(inp["ssm"].shape, jnp.nan, jnp.bfloat16) if copy else None
-  folded = triton_kernels.fold(inp["ssm"], inp["ring_rawk"], inp["ring_rawv"], inp["ring_g"],
-                               inp["ring_beta"], inp["slot_ids"], count, fold_base,
-                               tuning=fold_tuning, ssm_copy=ssm_copy)
-  folded, folded_copy = folded if copy else (folded, None)
-  assert not np.array_equal(replay_tests.bits(folded), replay_tests.bits(inp["ssm"]))
-  if copy:  # the rows that did not fold read a copy of their own (the fold left them NaN)
-    folded_copy = jnp.where(jnp.isnan(folded_copy), inp["ssm"].astype(jnp.bfloat16), folded_copy)
-    ssm_copy = jnp.where(jnp.isnan(ssm_copy), folded_copy, ssm_copy)
-  apart = triton_kernels.replay_verify(**{**inp, "ssm": folded_copy if copy else folded},
-                                       tuning=tuning, dot_precision=c.precision, form="split")
-  o, ssm, *rings = triton_kernels.fold_and_replay_verify(
-      **inp, fold_count=count, fold_base=fold_base, tuning=tuning, fold_tuning=fold_tuning,
-      dot_precision=c.precision, form="split", ssm_copy=ssm_copy)
-  if copy:
-    ssm, ssm_copy = ssm
-    np.testing.assert_array_equal(replay_tests.bits(ssm_copy), replay_tests.bits(folded_copy))
-  np.testing.assert_array_equal(replay_tests.bits(ssm), replay_tests.bits(folded))
-  valid = np.asarray(inp["slot_ids"]) >= 0
-  np.testing.assert_array_equal(replay_tests.bits(o[valid]), replay_tests.bits(apart[0][valid]))
-  np.testing.assert_array_equal(np.asarray(o[~valid], np.float32), 0.0)
-  for name, x, y in zip(RING_NAMES, rings, apart[1:]):
-    np.testing.assert_array_equal(replay_tests.bits(x), replay_tests.bits(y), err_msg=name)
+  replay_tests.check_fold_inside(
+      c, replay_tests.make_inputs(c, seed=4), tuning=tuning, fold_tuning=fold_tuning,
+      form="split", copy=copy, kernels=(triton_kernels.fold, triton_kernels.replay_verify,
+                                        triton_kernels.fold_and_replay_verify))
 
 
 def test_fold_inside_the_stream_needs_whole_tiles():
