@@ -16,7 +16,7 @@
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}
-ITEMS=${ITEMS:-"k_copy k_step k_streams k_copy_triton k_streams_triton h_read a_pallas h_ab s_triton a_triton s_pallas v c h"}
+ITEMS=${ITEMS:-"a_pallas k_copy k_step k_streams k_copy_triton k_streams_triton h_read h_ab s_triton a_triton s_pallas v c h"}
 KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_stages t_fold t_fold_copy
 t_fold_together t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
 RUN=${RUN:-run52}  # the files' tag
