@@ -397,7 +397,6 @@ def fold_and_replay_verify(ssm, ring_d, ring_k, ring_g, ring_beta, ring_rawk, ri
   if form != "split":
     raise ValueError(f"the triton {form} form does not fold; fold first (`fold.fold`), or use "
                      "the split form.")
-  replay_split.checked_fold_block_v(tuning, fold_tuning)
   return replay_split.fold_replay_verify_split(*args, fold_count, fold_base, ssm_copy,
                                                tuning=tuning, fold_tuning=fold_tuning,
                                                dot_precision=dot_precision)
