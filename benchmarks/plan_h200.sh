@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="k_copy k_step" bash benchmarks/plan_h200.sh   # first call (an H200), then k_streams,
-#   k_copy_triton, k_streams_triton, t_stages
-#   then "h_read a_pallas", "h_ab s_triton", "a_triton s_pallas", "v c h" (t_together: run 47)
+#   ITEMS="a_pallas k_copy" bash benchmarks/plan_h200.sh   # first call (an H200), then k_step,
+#   k_streams, k_copy_triton, k_streams_triton, t_stages, t_fold, t_fold_copy, t_fold_together
+#   then "h_read", "h_ab s_triton", "a_triton s_pallas", "v c h" (t_together: run 47)
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
