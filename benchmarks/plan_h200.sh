@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The next device session's plan (benchmarks/NOTES.md, "Next device session") as named items,
 # so that one device call runs as many of them as fit and returns whole items:
-#   ITEMS="a_pallas k_copy" bash benchmarks/plan_h200.sh   # first call (an H200), then k_step,
-#   k_streams, k_copy_triton, k_streams_triton, t_stages, t_fold, t_fold_copy, t_fold_together
-#   then "h_read", "h_ab s_triton", "a_triton s_pallas", "v c h" (t_together: run 47)
+#   ITEMS="k_streams_read t_fold_copy t_fold_together" bash benchmarks/plan_h200.sh  # first call
+#   (an H200), then "a_triton s_pallas", "s_triton", "v c h" (runs 52-55 ran a_pallas, k_copy,
+#   k_step, k_streams, h_read, h_ab, k_copy_triton, t_fold, k_streams_triton and t_stages on an
+#   H200; t_together: run 47)
 # An item starts only while its estimate (seconds, from runs 36-41) fits before DEADLINE_S
 # (seconds from this script's start; the device stops a command at 600 s, and what is under
 # $OUT by then still comes back). Each item writes its JSON files and log under $OUT; the
@@ -16,10 +17,11 @@
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); export OUT
 DEADLINE_S=${DEADLINE_S:-560}
-ITEMS=${ITEMS:-"a_pallas k_copy k_step k_streams k_copy_triton k_streams_triton h_read h_ab s_triton a_triton s_pallas v c h"}
-KNOWN="k_copy k_step k_streams k_streams_triton k_copy_triton t_stages t_fold t_fold_copy
-t_fold_together t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton b c v"
-RUN=${RUN:-run52}  # the files' tag
+ITEMS=${ITEMS:-"k_streams_read t_fold_copy t_fold_together a_triton s_pallas s_triton v c h"}
+KNOWN="k_copy k_step k_streams k_streams_read k_streams_triton k_copy_triton t_stages t_fold
+t_fold_copy t_fold_together t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton
+b c v"
+RUN=${RUN:-run56}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
@@ -50,7 +52,7 @@ estimate() {
     s_pallas) echo 400;; s_triton) echo 400;; c) echo 80;; a_pallas|a_triton) echo 130;;
     b) echo 40;; v) echo 80;; t_together) echo 90;; h) echo 140;; h_triton) echo 150;;
     h_ab) echo 100;; h_read) echo 140;; k_copy) echo 330;; k_copy_triton) echo 240;; k_step) echo 150;;
-    k_streams|k_streams_triton) echo 240;;
+    k_streams|k_streams_triton) echo 240;; k_streams_read) echo 130;;
     t_stages) echo 150;;  # run 50 (H100): 95-129 s
     t_fold) echo 260;; t_fold_copy) echo 180;; t_fold_together) echo 200;;
     *) echo 0;;
@@ -116,6 +118,15 @@ command_of() {
     # the three stages 3-5% ahead of two at T=4, even at T=1.
     k_streams) echo "$PY -m replayssm_jax.bench.sweep --only streams --checkpoint-copy --T 4 1" \
       "--batch 256 64 --reps 15 --budget-s 230 --out \$OUT/sweep_${RUN}_copy_streams.json $extra";;
+    # k_streams_read: the fp32 stream's launches (`sweep.STREAM_TUNINGS`) under the read flush,
+    # where #4's B=64 reading is judged: runs 52-53 (H200) left the verify at 48.0-48.8 us
+    # (73.5-74.7% of copy; 75% is 47.83), coefficients 7.4 + stream 40.5-41.4. Runs 26 and 28
+    # swept these launches under the write flush only (the default fastest). Predicted: the
+    # default (128, 4, 64, 2) within 2% of the best at B=64 and 256 (its K-loop reads at the
+    # copy rate under this flush, run 36); a launch 0.5 us or more ahead at B=64 would earn a
+    # B-dependent launch and a_pallas again.
+    k_streams_read) echo "$PY -m replayssm_jax.bench.sweep --only streams --T 4 --batch 64 256" \
+      "--reps 15 --l2-flush read --budget-s 110 --out \$OUT/sweep_${RUN}_streams_read.json $extra";;
     # k_streams_triton: the triton forms' launches over the copy (`sweep.TRITON_REPLAY`, the
     # split form's stream among them). Run 47 (H100): its stream on the copy moved 0.32 GB at
     # ~2.4 TB/s (verify 163.1 us at B=256, Pallas 157.0). Run 49 (H100): a third stage took
@@ -173,7 +184,8 @@ command_of() {
       "steps decode --batch 64 256 --decode-rings 16 --reps 10 $extra\" $AB";;
     # a. The read flush against the write flush (run 36: Pallas B=64 verify 73.7-74.5% of copy
     # under the read, 65.9-66.5% under the write; runs 40-41, H100: 79.8-80.6% and 72.9-73.3%;
-    # the triton backend, run 41: 76.7-77.0% and 69.5-69.6%).
+    # the triton backend, run 41: 76.7-77.0% and 69.5-69.6%; run 52, H200, the running sum on:
+    # 74.0-74.6% and 66.2-66.9%).
     a_pallas) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=${RUN}_flush" \
       "ROUNDS=2 BENCH_ARGS=\"$flush $extra\" $AB";;
     a_triton) echo "ARMS=\"write=.|--l2-flush write;read=.|--l2-flush read\" TAG=${RUN}_flush_triton" \

@@ -488,13 +488,36 @@ def test_sweep_streams_over_the_copy(tmp_path):
   out = tmp_path / "sweep.json"
   assert sweep.main(["--tiny", "--only", "streams", "--checkpoint-copy", "--T", "4", "1",
                      "--batch", "2", "--reps", "1", "--out", str(out)]) == 0
-  rows = json.loads(out.read_text())["rows"]
+  result = json.loads(out.read_text())
+  assert result["l2_flush"] == "write"  # the default, as bench.kernels'
+  rows = result["rows"]
   assert {r["kernel"] for r in rows} == {"replay_verify_split_T4", "replay_verify_split_T1"}
   assert all(r["checkpoint_copy"] is True and r["median_us"] > 0 for r in rows)
   for r in rows:
     T = int(r["kernel"][-1])
     bytes_of = lambda copy: kernels.Bytes(kernels.TINY, T, copy=copy).rssm_verify(8, T) * r["B"]
     assert r["bytes"] == bytes_of(True) < bytes_of(False)
+
+
+def test_sweep_l2_flush_read(tmp_path, monkeypatch):
+  """``--l2-flush read`` times every launch after a read pass (the flush #4's B=64 reading is
+  judged under), says so in the file, and leaves the module default as it was."""
+  from replayssm_jax.bench import sweep
+
+  seen = []
+
+  def recording(*args, **kwargs):
+    seen.append(timing.L2_FLUSH)
+    return timing.time_calls(*args, **kwargs)
+
+  monkeypatch.setattr(sweep, "time_calls", recording)
+  out = tmp_path / "sweep.json"
+  assert sweep.main(["--tiny", "--only", "streams", "--T", "4", "--batch", "2", "--reps", "1",
+                     "--l2-flush", "read", "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  assert result["l2_flush"] == "read" and result["rows"]
+  assert seen and set(seen) == {"read"}
+  assert timing.L2_FLUSH == "write"
 
 
 def test_sweep_vec_tiles(tmp_path):
