@@ -121,10 +121,11 @@ command_of() {
     # k_streams_read: the fp32 stream's launches (`sweep.STREAM_TUNINGS`) under the read flush,
     # where #4's B=64 reading is judged: runs 52-53 (H200) left the verify at 48.0-48.8 us
     # (73.5-74.7% of copy; 75% is 47.83), coefficients 7.4 + stream 40.5-41.4. Runs 26 and 28
-    # swept these launches under the write flush only (the default fastest). Predicted: the
-    # default (128, 4, 64, 2) within 2% of the best at B=64 and 256 (its K-loop reads at the
-    # copy rate under this flush, run 36); a launch 0.5 us or more ahead at B=64 would earn a
-    # B-dependent launch and a_pallas again.
+    # swept these launches under the write flush only (the default fastest); (128, 4, 64, 3),
+    # the default's K-step through three stages (96 KB, 2 programs an SM), is new among them.
+    # Predicted: the default (128, 4, 64, 2) within 2% of the best at B=64 and 256 (its K-loop
+    # reads at the copy rate under this flush, run 36); a launch 0.5 us or more ahead at B=64
+    # would earn a B-dependent launch and a_pallas again.
     k_streams_read) echo "$PY -m replayssm_jax.bench.sweep --only streams --T 4 --batch 64 256" \
       "--reps 15 --l2-flush read --budget-s 110 --out \$OUT/sweep_${RUN}_streams_read.json $extra";;
     # k_streams_triton: the triton forms' launches over the copy (`sweep.TRITON_REPLAY`, the

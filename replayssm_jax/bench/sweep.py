@@ -99,11 +99,12 @@ SPLIT_VARIANTS = (
 
 # Launches of the split form's checkpoint stream beside the default (`KernelTuning.
 # replay_default`): tile height, warps, K-step and pipeline stages. Shared memory holds
-# ``num_stages`` K-steps of the tile, which caps the programs an SM (64 KB at the default: 3).
+# ``num_stages`` K-steps of the tile, which caps the programs an SM (64 KB at the default: 3;
+# three stages of the default's K-step, 96 KB: 2, more of each program's loads in flight).
 STREAM_TUNINGS = [KernelTuning(block_v=bv, num_warps=w, k_chunk=kc, num_stages=st)
                   for bv, w, kc, st in [(128, 4, 32, 3), (128, 4, 32, 2), (128, 8, 64, 2),
-                                        (128, 4, 128, 1), (64, 4, 64, 2), (64, 2, 64, 2),
-                                        (64, 4, 32, 3), (64, 2, 32, 2)]]
+                                        (128, 4, 64, 3), (128, 4, 128, 1), (64, 4, 64, 2),
+                                        (64, 2, 64, 2), (64, 4, 32, 3), (64, 2, 32, 2)]]
 # The stream over the checkpoint's bf16 copy (``--checkpoint-copy``): a K-step of 128 bf16
 # elements holds the bytes of the fp32 default's 64 (the same 64 KB of shared memory at two
 # stages), so the loop issues half the steps for them; three stages of 64 (its default at
@@ -144,7 +145,7 @@ def sweep_replay(gdn, B, T, wp, reps, backend="pallas", forms=True, knobs=None,
     stream = ssm.default_replay_tuning(spec, gdn.head_v_dim, T, B)
     variants += [] if forms else [("split", stream, {})]  # the defaults, to compare with
     if streams:
-      tunings = STREAM_TUNINGS + (COPY_STREAM_TUNINGS if copy else [])
+      tunings = dict.fromkeys(STREAM_TUNINGS + (COPY_STREAM_TUNINGS if copy else []))
       variants += [("split", t, {}) for t in tunings if t != stream]
     else:
       variants += [("split", stream, extra) for extra in split_variants(knobs)]
