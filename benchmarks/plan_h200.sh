@@ -124,8 +124,8 @@ command_of() {
     # swept these launches under the write flush only (the default fastest); (128, 4, 64, 3),
     # the default's K-step through three stages (96 KB, 2 programs an SM), is new among them.
     # Predicted: the default (128, 4, 64, 2) within 2% of the best at B=64 and 256 (its K-loop
-    # reads at the copy rate under this flush, run 36); a launch 0.5 us or more ahead at B=64
-    # would earn a B-dependent launch and a_pallas again.
+    # reads at the copy rate under this flush, run 36); NOTES "Session 55" sharpens it from runs
+    # 26 and 28 ((64, 2, 64, 2) even to 0.7 us ahead at B=64) and says what a win would earn.
     k_streams_read) echo "$PY -m replayssm_jax.bench.sweep --only streams --T 4 --batch 64 256" \
       "--reps 15 --l2-flush read --budget-s 110 --out \$OUT/sweep_${RUN}_streams_read.json $extra";;
     # k_streams_triton: the triton forms' launches over the copy (`sweep.TRITON_REPLAY`, the

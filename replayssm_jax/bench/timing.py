@@ -95,7 +95,7 @@ def _device_events(trace_dir: str) -> list[tuple[float, float, str]]:
 #   streamed weights, so the timed call pays its own bytes only;
 # * "none": no pass (warm L2 where the call's data fits).
 L2_FLUSHES = ("write", "read", "none")
-L2_FLUSH = "write"  # the default of `time_calls`; `bench.kernels --l2-flush` sets it
+L2_FLUSH = "write"  # the default of `time_calls`; `--l2-flush` of bench.kernels and sweep sets it
 # Whether a call of several steps flushes between them (`steps_flush_state`; `bench.kernels
 # --no-l2-flush-steps` keeps L2 warm from one step to the next, as runs 1-36 measured them).
 FLUSH_BETWEEN_STEPS = True
