@@ -21,7 +21,7 @@ ITEMS=${ITEMS:-"k_streams_read t_fold_copy t_fold_together a_triton s_pallas s_t
 KNOWN="k_copy k_step k_streams k_streams_read k_streams_triton k_copy_triton t_stages t_fold
 t_fold_copy t_fold_together t_together h h_ab h_read h_triton s_pallas s_triton a_pallas a_triton
 b c v"
-RUN=${RUN:-run56}  # the files' tag
+RUN=${RUN:-run58}  # the files' tag
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # Item c's triton sweep needs jax-triton (ab_h200.sh installs it for its own arms too).
 if [ "${DRY:-0}" != 1 ] && compgen -G ".whl/jax_triton-*.whl" > /dev/null; then
